@@ -1,0 +1,85 @@
+# Two commands for a newcomer: `make run` and `make test`. Everything heavy (llama.cpp source and
+# build, models, CMake build tree) lives in $(CACHE), outside the repository, and is reused.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+CACHE ?= $(HOME)/.cache/semif-proxy
+LLAMA_BUILD := b11312
+LLAMA_ROOT := $(CACHE)/llama.cpp-$(LLAMA_BUILD)
+MODEL := $(CACHE)/models/SmolLM2-135M-Instruct.Q4_1.gguf
+QWEN := $(CACHE)/models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf
+PORT ?= 8080
+PYTEST_ARGS ?=
+export SEMIF_CACHE_DIR := $(CACHE)
+
+SOURCES := $(wildcard csrc/*.cpp csrc/*.h) CMakeLists.txt cmake/llama_cpp.cmake pyproject.toml
+
+.PHONY: all build build-gpu model model-qwen run test test-cpu test-gpu test-slow bench lint clean
+
+all: build
+
+$(VENV)/.deps: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q "scikit-build-core>=0.10" "pybind11>=2.12" \
+	  aiohttp jinja2 numpy pydantic gguf hypothesis pytest pytest-aiohttp pytest-timeout ruff
+	touch $@
+
+$(LLAMA_ROOT)/src.sha256:
+	$(PYTHON) scripts/fetch_llama_cpp.py
+
+# Editable install: Python sources are used in place, the extension and llama.cpp binaries are
+# built once into $(CACHE) (the first llama.cpp build takes ~7-10 minutes on 2 cores).
+$(VENV)/.build-cpu: $(VENV)/.deps $(LLAMA_ROOT)/src.sha256 $(SOURCES)
+	$(PY) -m pip install -q --no-build-isolation --no-deps -e . \
+	  -Cbuild-dir=$(CACHE)/build/{wheel_tag}-cpu \
+	  -Ccmake.define.SEMIF_LLAMA_SOURCE_DIR=$(LLAMA_ROOT)/src \
+	  -Ccmake.define.SEMIF_LLAMA_BUILD_DIR=$(LLAMA_ROOT)/build-cpu
+	rm -f $(VENV)/.build-cuda
+	touch $@
+
+build: $(VENV)/.build-cpu
+
+build-gpu: $(VENV)/.deps $(LLAMA_ROOT)/src.sha256
+	$(PY) -m pip install -q --no-build-isolation --no-deps -e . \
+	  -Cbuild-dir=$(CACHE)/build/{wheel_tag}-cuda \
+	  -Ccmake.define.SEMIF_CUDA=ON \
+	  -Ccmake.define.SEMIF_LLAMA_SOURCE_DIR=$(LLAMA_ROOT)/src \
+	  -Ccmake.define.SEMIF_LLAMA_BUILD_DIR=$(LLAMA_ROOT)/build-cuda
+	rm -f $(VENV)/.build-cpu
+	touch $(VENV)/.build-cuda
+
+$(MODEL):
+	$(PYTHON) scripts/fetch_model.py smollm2
+
+$(QWEN):
+	$(PYTHON) scripts/fetch_model.py qwen
+
+model: $(MODEL)
+model-qwen: $(QWEN)
+
+run: build model
+	$(VENV)/bin/semif-proxy serve --model $(MODEL) --port $(PORT)
+
+test: test-cpu
+
+test-cpu: build model
+	SEMIF_TEST_MODEL=$(MODEL) $(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
+
+test-slow: build model model-qwen
+	SEMIF_TEST_MODEL=$(MODEL) SEMIF_TEST_QWEN=$(QWEN) $(PY) -m pytest -m slow $(PYTEST_ARGS)
+
+test-gpu:
+	@if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L >/dev/null 2>&1; then \
+	  echo "test-gpu: no NVIDIA GPU is visible on this machine (nvidia-smi finds none)." >&2; \
+	  echo "test-gpu: run it on a GPU host; 'make test' runs the CPU suite." >&2; exit 2; fi
+	$(MAKE) build-gpu model
+	SEMIF_TEST_MODEL=$(MODEL) SEMIF_TEST_GPU_LAYERS=999 $(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
+
+lint: $(VENV)/.deps
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+clean:
+	rm -rf $(VENV) build dist *.egg-info

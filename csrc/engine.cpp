@@ -1,0 +1,475 @@
+#include "engine.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include "logging.h"
+
+namespace semif {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point start) {
+    return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+std::string with_reason(std::string message) {
+    const std::string reason = take_last_error();
+    if (!reason.empty()) message += " (llama.cpp: " + reason + ")";
+    return message;
+}
+
+void check_gguf_file(const std::string& path) {
+    namespace fs = std::filesystem;
+    std::error_code ec;
+    if (!fs::is_regular_file(path, ec)) {
+        throw LlamaError(kLoadFailed, "model file not found: " + path);
+    }
+    std::ifstream in(path, std::ios::binary);
+    char magic[4] = {0, 0, 0, 0};
+    in.read(magic, 4);
+    if (!in || std::string(magic, 4) != "GGUF") {
+        throw LlamaError(kLoadFailed, "not a GGUF file (bad magic): " + path);
+    }
+}
+
+}  // namespace
+
+Engine::Engine(const EngineConfig& config) : config_(config) {
+    if (config.n_ctx < 8) throw LlamaError(kBadArgument, "n_ctx must be at least 8");
+    if (config.n_seq < 2) throw LlamaError(kBadArgument, "n_seq must be at least 2");
+    if (config.n_batch < 1) throw LlamaError(kBadArgument, "n_batch must be at least 1");
+    check_gguf_file(config.model_path);
+    take_last_error();
+
+    llama_model_params mparams = llama_model_default_params();
+    mparams.n_gpu_layers = config.n_gpu_layers;
+    model_.reset(llama_model_load_from_file(config.model_path.c_str(), mparams));
+    if (!model_) {
+        throw LlamaError(kLoadFailed, with_reason("failed to load model " + config.model_path));
+    }
+    vocab_ = llama_model_get_vocab(model_.get());
+    n_vocab_ = llama_vocab_n_tokens(vocab_);
+
+    n_threads_ = config.n_threads > 0
+                     ? config.n_threads
+                     : std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+    llama_context_params cparams = llama_context_default_params();
+    cparams.n_ctx = static_cast<uint32_t>(config.n_ctx);
+    cparams.n_batch = static_cast<uint32_t>(std::min(config.n_batch, config.n_ctx));
+    cparams.n_ubatch = std::min<uint32_t>(cparams.n_batch, 512);
+    cparams.n_seq_max = static_cast<uint32_t>(config.n_seq);
+    cparams.n_threads = n_threads_;
+    cparams.n_threads_batch = n_threads_;
+    // Branches share the prefix's KV cells instead of each holding a copy.
+    cparams.kv_unified = true;
+    cparams.no_perf = true;
+    ctx_.reset(llama_init_from_model(model_.get(), cparams));
+    if (!ctx_) {
+        throw LlamaError(kContextFailed,
+                         with_reason("failed to create a context with n_ctx=" +
+                                     std::to_string(config.n_ctx)));
+    }
+    n_ctx_ = static_cast<int32_t>(llama_n_ctx(ctx_.get()));
+    n_batch_ = static_cast<int32_t>(llama_n_batch(ctx_.get()));
+    n_seq_ = static_cast<int32_t>(llama_n_seq_max(ctx_.get()));
+}
+
+llama_token Engine::bos() const { return llama_vocab_bos(vocab_); }
+llama_token Engine::eos() const { return llama_vocab_eos(vocab_); }
+llama_token Engine::eot() const { return llama_vocab_eot(vocab_); }
+bool Engine::add_bos() const { return llama_vocab_get_add_bos(vocab_); }
+uint64_t Engine::model_size() const { return llama_model_size(model_.get()); }
+uint64_t Engine::n_params() const { return llama_model_n_params(model_.get()); }
+
+std::string Engine::chat_template() const {
+    const char* tmpl = llama_model_chat_template(model_.get(), nullptr);
+    return tmpl ? std::string(tmpl) : std::string();
+}
+
+std::string Engine::description() const {
+    char buf[256];
+    const int32_t n = llama_model_desc(model_.get(), buf, sizeof(buf));
+    return n > 0 ? std::string(buf, std::min<size_t>(n, sizeof(buf) - 1)) : std::string();
+}
+
+std::map<std::string, std::string> Engine::metadata() const {
+    std::map<std::string, std::string> out;
+    const int32_t count = llama_model_meta_count(model_.get());
+    std::vector<char> key(512), value(4096);
+    for (int32_t i = 0; i < count; ++i) {
+        // Size-then-fill: a negative or oversized return means the buffer was too small.
+        int32_t nk = llama_model_meta_key_by_index(model_.get(), i, key.data(), key.size());
+        if (nk < 0) continue;
+        if (static_cast<size_t>(nk) >= key.size()) {
+            key.resize(nk + 1);
+            llama_model_meta_key_by_index(model_.get(), i, key.data(), key.size());
+        }
+        int32_t nv = llama_model_meta_val_str_by_index(model_.get(), i, value.data(), value.size());
+        if (nv < 0) continue;
+        if (static_cast<size_t>(nv) >= value.size()) {
+            value.resize(nv + 1);
+            nv = llama_model_meta_val_str_by_index(model_.get(), i, value.data(), value.size());
+        }
+        out.emplace(std::string(key.data()), std::string(value.data(), nv));
+    }
+    return out;
+}
+
+std::vector<llama_token> Engine::special_tokens() const {
+    std::vector<llama_token> out;
+    for (llama_token t = 0; t < n_vocab_; ++t) {
+        const auto attr = llama_vocab_get_attr(vocab_, t);
+        if (attr & (LLAMA_TOKEN_ATTR_CONTROL | LLAMA_TOKEN_ATTR_USER_DEFINED)) out.push_back(t);
+    }
+    return out;
+}
+
+std::vector<llama_token> Engine::tokenize(const std::string& text, bool add_special,
+                                          bool parse_special) const {
+    const int32_t len = static_cast<int32_t>(text.size());
+    std::vector<llama_token> tokens(text.size() + 2);
+    int32_t n = llama_tokenize(vocab_, text.data(), len, tokens.data(),
+                               static_cast<int32_t>(tokens.size()), add_special, parse_special);
+    if (n == INT32_MIN) throw LlamaError(kTokenizeFailed, "tokenization overflow");
+    if (n < 0) {
+        tokens.resize(-n);
+        n = llama_tokenize(vocab_, text.data(), len, tokens.data(),
+                           static_cast<int32_t>(tokens.size()), add_special, parse_special);
+        if (n < 0) throw LlamaError(kTokenizeFailed, "tokenization failed");
+    }
+    tokens.resize(n);
+    return tokens;
+}
+
+std::string Engine::token_piece(llama_token token, bool special) const {
+    check_token_ids({token}, "token");
+    std::vector<char> buf(64);
+    int32_t n = llama_token_to_piece(vocab_, token, buf.data(), buf.size(), 0, special);
+    if (n < 0) {
+        buf.resize(-n);
+        n = llama_token_to_piece(vocab_, token, buf.data(), buf.size(), 0, special);
+    }
+    return std::string(buf.data(), std::max(0, n));
+}
+
+std::string Engine::detokenize(const std::vector<llama_token>& tokens, bool special) const {
+    check_token_ids(tokens, "tokens");
+    std::vector<char> buf(tokens.size() * 8 + 16);
+    int32_t n = llama_detokenize(vocab_, tokens.data(), static_cast<int32_t>(tokens.size()),
+                                 buf.data(), static_cast<int32_t>(buf.size()), false, special);
+    if (n < 0) {
+        buf.resize(-n);
+        n = llama_detokenize(vocab_, tokens.data(), static_cast<int32_t>(tokens.size()),
+                             buf.data(), static_cast<int32_t>(buf.size()), false, special);
+    }
+    return std::string(buf.data(), std::max(0, n));
+}
+
+void Engine::check_token_ids(const std::vector<llama_token>& tokens, const char* what) const {
+    for (llama_token t : tokens) {
+        if (t < 0 || t >= n_vocab_) {
+            throw LlamaError(kBadArgument, std::string(what) + ": token id " + std::to_string(t) +
+                                               " outside the vocabulary [0, " +
+                                               std::to_string(n_vocab_) + ")");
+        }
+    }
+}
+
+void Engine::check_fits(size_t prefix, size_t longest_suffix) const {
+    if (prefix + longest_suffix > static_cast<size_t>(n_ctx_)) {
+        throw LlamaError(kContextOverflow,
+                         "prompt needs " + std::to_string(prefix + longest_suffix) +
+                             " tokens but the context holds " + std::to_string(n_ctx_));
+    }
+}
+
+void Engine::decode_or_throw(const Batch& batch, const char* what) {
+    const int32_t rc = llama_decode(ctx_.get(), batch.get());
+    if (rc != 0) {
+        // The memory may hold part of the batch now; forget everything rather than guess.
+        llama_memory_clear(llama_get_memory(ctx_.get()), true);
+        seq0_.clear();
+        throw LlamaError(rc, with_reason(std::string("llama_decode failed while evaluating ") +
+                                         what + " (code " + std::to_string(rc) + ")"));
+    }
+    tokens_evaluated_ += static_cast<uint64_t>(batch.size());
+}
+
+int32_t Engine::ensure_prefix(const std::vector<llama_token>& prefix, ScoreStats& stats) {
+    auto start = Clock::now();
+    llama_memory_t mem = llama_get_memory(ctx_.get());
+    drop_branches();
+    // Reuse what sequence 0 already holds, but always re-evaluate the last prefix token: its
+    // logits are needed and only the latest decode's outputs are kept by llama.cpp.
+    size_t common = 0;
+    const size_t limit = std::min(seq0_.size(), prefix.size() - 1);
+    while (common < limit && seq0_[common] == prefix[common]) ++common;
+    if (common < seq0_.size() && !llama_memory_seq_rm(mem, 0, static_cast<llama_pos>(common), -1)) {
+        llama_memory_seq_rm(mem, 0, -1, -1);  // partial removal unsupported: start over
+        common = 0;
+    }
+    seq0_.resize(common);
+
+    Batch batch(n_batch_, 1);
+    for (size_t i = common; i < prefix.size(); ++i) {
+        batch.add(prefix[i], static_cast<llama_pos>(i), 0, i + 1 == prefix.size());
+        if (batch.full() || i + 1 == prefix.size()) {
+            decode_or_throw(batch, "the prefix");
+            ++stats.decode_calls;
+            batch.clear();
+        }
+    }
+    const float* row = llama_get_logits_ith(ctx_.get(), -1);
+    if (row == nullptr) throw LlamaError(kStateFailed, "no logits after the prefix");
+    // Copied at once: the next decode overwrites the output buffer.
+    prefix_logits_.assign(row, row + n_vocab_);
+    seq0_ = prefix;
+    stats.prefix_tokens = static_cast<int32_t>(prefix.size());
+    stats.prefix_reused = static_cast<int32_t>(common);
+    stats.prefill_seconds += seconds_since(start);
+    return static_cast<int32_t>(common);
+}
+
+void Engine::drop_branches() {
+    llama_memory_t mem = llama_get_memory(ctx_.get());
+    for (llama_seq_id s = 1; s < n_seq_; ++s) llama_memory_seq_rm(mem, s, -1, -1);
+}
+
+void Engine::decode_branches(const std::vector<Branch>& branches, size_t prefix_len,
+                             const LogitsSink& sink, ScoreStats& stats) {
+    auto start = Clock::now();
+    llama_memory_t mem = llama_get_memory(ctx_.get());
+    Batch batch(n_batch_, 1);
+    struct Want { size_t branch; size_t token; int32_t index; };
+    std::vector<Want> wants;
+
+    auto flush = [&]() {
+        if (batch.size() == 0) return;
+        decode_or_throw(batch, "option suffixes");
+        ++stats.decode_calls;
+        for (const Want& w : wants) {
+            const float* row = llama_get_logits_ith(ctx_.get(), w.index);
+            if (row == nullptr) throw LlamaError(kStateFailed, "missing logits for a suffix");
+            sink(w.branch, w.token, row);
+        }
+        wants.clear();
+        batch.clear();
+    };
+
+    for (size_t b = 0; b < branches.size(); ++b) {
+        const Branch& br = branches[b];
+        if (br.seq != 0) llama_memory_seq_cp(mem, 0, br.seq, -1, -1);
+        const auto& toks = *br.tokens;
+        for (size_t t = 0; t < toks.size(); ++t) {
+            const bool want = br.all_logits || t + 1 == toks.size();
+            const int32_t idx =
+                batch.add(toks[t], static_cast<llama_pos>(prefix_len + t), br.seq, want);
+            if (want) wants.push_back({b, t, idx});
+            if (batch.full()) flush();
+        }
+        stats.suffix_tokens += static_cast<int32_t>(toks.size());
+    }
+    flush();
+    drop_branches();
+    stats.suffix_seconds += seconds_since(start);
+}
+
+void Engine::read_row(const float* row, const std::vector<llama_token>& ids, float* out,
+                      double* lse) const {
+    for (size_t j = 0; j < ids.size(); ++j) out[j] = row[ids[j]];
+    float max_v = row[0];
+    for (int32_t k = 1; k < n_vocab_; ++k) max_v = std::max(max_v, row[k]);
+    double sum = 0.0;
+    for (int32_t k = 0; k < n_vocab_; ++k) sum += std::exp(static_cast<double>(row[k]) - max_v);
+    *lse = static_cast<double>(max_v) + std::log(sum);
+}
+
+ScoreResult Engine::score(const std::vector<llama_token>& prefix,
+                          const std::vector<std::vector<llama_token>>& suffixes,
+                          const std::vector<llama_token>& ids, ScoreMode mode) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (prefix.empty()) throw LlamaError(kBadArgument, "prefix must hold at least one token");
+    if (ids.empty()) throw LlamaError(kBadArgument, "ids must not be empty");
+    check_token_ids(prefix, "prefix");
+    check_token_ids(ids, "ids");
+    size_t longest = 0;
+    for (const auto& s : suffixes) {
+        check_token_ids(s, "suffix");
+        longest = std::max(longest, s.size());
+    }
+    check_fits(prefix.size(), longest);
+
+    ScoreResult result;
+    result.n_rows = static_cast<int32_t>(suffixes.size());
+    result.n_ids = static_cast<int32_t>(ids.size());
+    result.logits.assign(suffixes.size() * ids.size(), 0.0f);
+    result.logsumexp.assign(suffixes.size(), 0.0);
+    ensure_prefix(prefix, result.stats);
+
+    auto sink = [&](size_t row_index, size_t, const float* row) {
+        read_row(row, ids, &result.logits[row_index * ids.size()], &result.logsumexp[row_index]);
+    };
+    std::vector<size_t> pending;
+    for (size_t i = 0; i < suffixes.size(); ++i) {
+        if (suffixes[i].empty()) {
+            sink(i, 0, prefix_logits_.data());
+        } else {
+            pending.push_back(i);
+        }
+    }
+    if (mode == ScoreMode::kRestore) {
+        std::vector<uint8_t> saved = get_prefix_state_unlocked();
+        for (size_t i : pending) {
+            auto one = [&](size_t, size_t t, const float* row) { sink(i, t, row); };
+            // The suffix goes onto sequence 0 itself; the saved bytes then put the prefix back.
+            decode_branches({Branch{0, &suffixes[i], false}}, prefix.size(), one, result.stats);
+            restore_prefix_unlocked(saved);
+        }
+        return result;
+    }
+    // Group as many suffixes per decode as there are branch sequences and free KV cells.
+    const size_t free_cells = static_cast<size_t>(n_ctx_) - prefix.size();
+    size_t next = 0;
+    while (next < pending.size()) {
+        std::vector<Branch> group;
+        std::vector<size_t> rows;
+        size_t cells = 0;
+        while (next < pending.size() && group.size() < static_cast<size_t>(n_seq_ - 1)) {
+            const auto& s = suffixes[pending[next]];
+            if (!group.empty() && cells + s.size() > free_cells) break;
+            group.push_back(Branch{static_cast<llama_seq_id>(group.size() + 1), &s, false});
+            rows.push_back(pending[next]);
+            cells += s.size();
+            ++next;
+        }
+        auto grouped = [&](size_t b, size_t t, const float* row) { sink(rows[b], t, row); };
+        decode_branches(group, prefix.size(), grouped, result.stats);
+    }
+    return result;
+}
+
+std::vector<uint8_t> Engine::get_prefix_state_unlocked() {
+    const size_t size = llama_state_seq_get_size(ctx_.get(), 0);
+    std::vector<uint8_t> data(size);
+    const size_t written = llama_state_seq_get_data(ctx_.get(), data.data(), data.size(), 0);
+    if (written == 0 || written > size) {
+        throw LlamaError(kStateFailed, "llama_state_seq_get_data wrote " + std::to_string(written) +
+                                           " of " + std::to_string(size) + " bytes");
+    }
+    data.resize(written);
+    return data;
+}
+
+void Engine::restore_prefix_unlocked(const std::vector<uint8_t>& data) {
+    llama_memory_seq_rm(llama_get_memory(ctx_.get()), 0, -1, -1);
+    const size_t read = llama_state_seq_set_data(ctx_.get(), data.data(), data.size(), 0);
+    if (read == 0) {
+        seq0_.clear();
+        throw LlamaError(kStateFailed, with_reason("llama_state_seq_set_data rejected " +
+                                                   std::to_string(data.size()) + " bytes"));
+    }
+}
+
+std::vector<uint8_t> Engine::get_prefix_state() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (seq0_.empty()) throw LlamaError(kStateFailed, "no prefix has been evaluated");
+    drop_branches();
+    return get_prefix_state_unlocked();
+}
+
+void Engine::set_prefix_state(const std::vector<uint8_t>& data,
+                              const std::vector<llama_token>& tokens) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    check_token_ids(tokens, "tokens");
+    if (tokens.empty() || tokens.size() > static_cast<size_t>(n_ctx_)) {
+        throw LlamaError(kBadArgument, "tokens must describe a prefix that fits the context");
+    }
+    drop_branches();
+    seq0_.clear();
+    restore_prefix_unlocked(data);
+    const llama_pos last = llama_memory_seq_pos_max(llama_get_memory(ctx_.get()), 0);
+    if (last + 1 != static_cast<llama_pos>(tokens.size())) {
+        llama_memory_seq_rm(llama_get_memory(ctx_.get()), 0, -1, -1);
+        throw LlamaError(kStateFailed, "restored state holds " + std::to_string(last + 1) +
+                                           " positions, tokens say " +
+                                           std::to_string(tokens.size()));
+    }
+    // The last token is re-evaluated by the next score call to get its logits back.
+    seq0_ = tokens;
+}
+
+ContinuationResult Engine::score_continuations(
+    const std::vector<llama_token>& prefix, const std::vector<std::vector<llama_token>>& conts) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (prefix.empty()) throw LlamaError(kBadArgument, "prefix must hold at least one token");
+    check_token_ids(prefix, "prefix");
+    size_t total = 0;
+    for (const auto& c : conts) {
+        if (c.empty()) throw LlamaError(kBadArgument, "a continuation must hold a token");
+        check_token_ids(c, "continuation");
+        total += c.size();
+    }
+    check_fits(prefix.size(), total);
+
+    ContinuationResult result;
+    result.logprob.assign(conts.size(), 0.0);
+    result.n_tokens.resize(conts.size());
+    ensure_prefix(prefix, result.stats);
+
+    auto log_softmax_at = [&](const float* row, llama_token target) {
+        float out;
+        double lse;
+        read_row(row, {target}, &out, &lse);
+        return static_cast<double>(out) - lse;
+    };
+    // Branch b decodes all but the last token of continuation b; the logits at its position t
+    // predict token t + 1.
+    std::vector<std::vector<llama_token>> heads(conts.size());
+    std::vector<Branch> branches;
+    std::vector<size_t> owners;
+    for (size_t i = 0; i < conts.size(); ++i) {
+        result.n_tokens[i] = static_cast<int32_t>(conts[i].size());
+        result.logprob[i] = log_softmax_at(prefix_logits_.data(), conts[i][0]);
+        heads[i].assign(conts[i].begin(), conts[i].end() - 1);
+    }
+    size_t next = 0;
+    while (next < conts.size()) {
+        branches.clear();
+        owners.clear();
+        while (next < conts.size() && branches.size() < static_cast<size_t>(n_seq_ - 1)) {
+            if (!heads[next].empty()) {
+                branches.push_back(Branch{static_cast<llama_seq_id>(branches.size() + 1),
+                                          &heads[next], true});
+                owners.push_back(next);
+            }
+            ++next;
+        }
+        auto sink = [&](size_t b, size_t t, const float* row) {
+            const size_t i = owners[b];
+            result.logprob[i] += log_softmax_at(row, conts[i][t + 1]);
+        };
+        if (!branches.empty()) decode_branches(branches, prefix.size(), sink, result.stats);
+    }
+    return result;
+}
+
+void Engine::reset() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    llama_memory_clear(llama_get_memory(ctx_.get()), true);
+    seq0_.clear();
+}
+
+void Engine::set_threads(int32_t n_threads) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (n_threads < 1) throw LlamaError(kBadArgument, "n_threads must be at least 1");
+    llama_set_n_threads(ctx_.get(), n_threads, n_threads);
+    n_threads_ = n_threads;
+}
+
+}  // namespace semif

@@ -1,0 +1,147 @@
+#pragma once
+// The decision engine: one llama.cpp model + context, used by one thread at a time (a mutex
+// serialises callers; the Python layer runs it in a single worker thread anyway).
+//
+// Sequence 0 holds the most recently evaluated prefix. Scoring a list of suffixes copies that
+// prefix to branch sequences 1..n_seq-1 (cheap with a unified KV cache: cells are shared) and
+// decodes the suffixes side by side in as few llama_decode calls as the context allows.
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "raii.h"
+
+namespace semif {
+
+// Codes below zero are ours; zero or positive ones are llama_decode's own return codes.
+enum ErrorCode : int {
+    kLoadFailed = -100,
+    kContextFailed = -101,
+    kContextOverflow = -102,
+    kBadArgument = -103,
+    kStateFailed = -104,
+    kTokenizeFailed = -105,
+};
+
+class LlamaError : public std::runtime_error {
+public:
+    LlamaError(int code, const std::string& message) : std::runtime_error(message), code_(code) {}
+    int code() const { return code_; }
+
+private:
+    int code_;
+};
+
+struct EngineConfig {
+    std::string model_path;
+    int32_t n_ctx = 4096;
+    int32_t n_threads = 0;  // 0: llama.cpp's default
+    int32_t n_gpu_layers = 0;
+    int32_t n_seq = 8;      // sequence 0 for the prefix, the rest for parallel branches
+    int32_t n_batch = 2048;
+};
+
+enum class ScoreMode { kCopy, kRestore };
+
+struct ScoreStats {
+    int32_t prefix_tokens = 0;
+    int32_t prefix_reused = 0;     // tokens of the prefix already in sequence 0, not re-evaluated
+    int32_t suffix_tokens = 0;
+    int32_t decode_calls = 0;
+    double prefill_seconds = 0.0;
+    double suffix_seconds = 0.0;
+};
+
+struct ScoreResult {
+    int32_t n_rows = 0;
+    int32_t n_ids = 0;
+    std::vector<float> logits;  // n_rows x n_ids, row-major
+    std::vector<double> logsumexp;  // per row, over the full vocabulary
+    ScoreStats stats;
+};
+
+struct ContinuationResult {
+    std::vector<double> logprob;  // summed log-probability per continuation
+    std::vector<int32_t> n_tokens;
+    ScoreStats stats;
+};
+
+class Engine {
+public:
+    explicit Engine(const EngineConfig& config);
+
+    int32_t n_vocab() const { return n_vocab_; }
+    int32_t n_ctx() const { return n_ctx_; }
+    int32_t n_seq() const { return n_seq_; }
+    int32_t n_batch() const { return n_batch_; }
+    int32_t n_threads() const { return n_threads_; }
+    const EngineConfig& config() const { return config_; }
+    llama_token bos() const;
+    llama_token eos() const;
+    llama_token eot() const;
+    bool add_bos() const;
+    std::string chat_template() const;  // empty when the GGUF has none
+    std::map<std::string, std::string> metadata() const;
+    std::string description() const;
+    uint64_t model_size() const;
+    uint64_t n_params() const;
+    std::vector<llama_token> special_tokens() const;  // control + user-defined
+    uint64_t tokens_evaluated() const { return tokens_evaluated_; }
+
+    std::vector<llama_token> tokenize(const std::string& text, bool add_special,
+                                      bool parse_special) const;
+    std::string detokenize(const std::vector<llama_token>& tokens, bool special) const;
+    std::string token_piece(llama_token token, bool special) const;
+
+    ScoreResult score(const std::vector<llama_token>& prefix,
+                      const std::vector<std::vector<llama_token>>& suffixes,
+                      const std::vector<llama_token>& ids, ScoreMode mode);
+    ContinuationResult score_continuations(const std::vector<llama_token>& prefix,
+                                           const std::vector<std::vector<llama_token>>& conts);
+
+    std::vector<uint8_t> get_prefix_state();  // state of sequence 0 (the current prefix)
+    std::vector<llama_token> prefix_tokens() const { return seq0_; }
+    void set_prefix_state(const std::vector<uint8_t>& data, const std::vector<llama_token>& tokens);
+    void reset();
+    void set_threads(int32_t n_threads);
+
+private:
+    struct Branch {
+        llama_seq_id seq;
+        const std::vector<llama_token>* tokens;
+        bool all_logits;  // logits at every position (continuations) or only the last one
+    };
+    using LogitsSink = std::function<void(size_t branch, size_t token_index, const float* row)>;
+
+    void check_token_ids(const std::vector<llama_token>& tokens, const char* what) const;
+    void check_fits(size_t prefix, size_t longest_suffix) const;
+    int32_t ensure_prefix(const std::vector<llama_token>& prefix, ScoreStats& stats);
+    void decode_or_throw(const Batch& batch, const char* what);
+    void decode_branches(const std::vector<Branch>& branches, size_t prefix_len,
+                         const LogitsSink& sink, ScoreStats& stats);
+    void drop_branches();
+    std::vector<uint8_t> get_prefix_state_unlocked();
+    void restore_prefix_unlocked(const std::vector<uint8_t>& data);
+    void read_row(const float* row, const std::vector<llama_token>& ids, float* out,
+                  double* lse) const;
+
+    EngineConfig config_;
+    ModelPtr model_;
+    ContextPtr ctx_;
+    const llama_vocab* vocab_ = nullptr;
+    int32_t n_vocab_ = 0;
+    int32_t n_ctx_ = 0;
+    int32_t n_seq_ = 0;
+    int32_t n_batch_ = 0;
+    int32_t n_threads_ = 0;
+    std::vector<llama_token> seq0_;    // tokens currently held by sequence 0
+    std::vector<float> prefix_logits_; // full-vocabulary logits at the prefix's last position
+    uint64_t tokens_evaluated_ = 0;
+    std::mutex mutex_;
+};
+
+}  // namespace semif

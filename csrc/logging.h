@@ -1,0 +1,22 @@
+#pragma once
+// llama.cpp/ggml log routing. The C callback never touches Python (it can fire on ggml worker
+// threads while another thread waits on them with the GIL held); it only queues complete lines.
+// `drain_logs` forwards the queue to Python's `logging` and is called with the GIL held after
+// every engine entry point.
+#include <string>
+#include <vector>
+
+namespace semif {
+
+struct LogLine {
+    int level;  // Python logging level (10 debug .. 40 error)
+    std::string text;
+};
+
+void install_log_callback();
+void uninstall_log_callback();
+std::vector<LogLine> take_log_lines();
+// Last error-level line seen, cleared by each call; lets exceptions say *why* a load failed.
+std::string take_last_error();
+
+}  // namespace semif

@@ -1,0 +1,164 @@
+// Python bindings. Every call that can run a forward pass or load weights releases the GIL;
+// queued llama.cpp log lines are forwarded to Python logging once the GIL is held again.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include "engine.h"
+#include "logging.h"
+
+namespace py = pybind11;
+using semif::Engine;
+using semif::EngineConfig;
+using semif::LlamaError;
+using Tokens = std::vector<llama_token>;
+
+#define SEMIF_STR2(x) #x
+#define SEMIF_STR(x) SEMIF_STR2(x)
+
+namespace {
+
+void flush_logs() {
+    auto lines = semif::take_log_lines();
+    if (lines.empty()) return;
+    py::object logger = py::module_::import("logging").attr("getLogger")("semif_proxy.llama");
+    for (const auto& line : lines) logger.attr("log")(line.level, "%s", line.text);
+}
+
+// Runs fn without the GIL, then forwards logs, also when fn throws.
+template <typename Fn>
+auto unlocked(Fn&& fn) -> decltype(fn()) {
+    struct Flush {
+        ~Flush() {
+            try {
+                flush_logs();
+            } catch (...) {  // logging must never turn a result into a crash
+            }
+        }
+    } flush_on_exit;
+    py::gil_scoped_release release;
+    return fn();
+}
+
+py::dict stats_dict(const semif::ScoreStats& s) {
+    py::dict d;
+    d["prefix_tokens"] = s.prefix_tokens;
+    d["prefix_reused"] = s.prefix_reused;
+    d["suffix_tokens"] = s.suffix_tokens;
+    d["decode_calls"] = s.decode_calls;
+    d["prefill_seconds"] = s.prefill_seconds;
+    d["suffix_seconds"] = s.suffix_seconds;
+    return d;
+}
+
+semif::ScoreMode parse_mode(const std::string& mode) {
+    if (mode == "copy") return semif::ScoreMode::kCopy;
+    if (mode == "restore") return semif::ScoreMode::kRestore;
+    throw LlamaError(semif::kBadArgument, "mode must be 'copy' or 'restore', not '" + mode + "'");
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_engine, m) {
+    m.doc() = "Decision scoring over libllama (llama.cpp build " SEMIF_STR(SEMIF_LLAMA_BUILD_NUMBER) ")";
+    llama_backend_init();
+    semif::install_log_callback();
+
+    static py::handle error_type = py::exception<LlamaError>(m, "LlamaError", PyExc_RuntimeError);
+    py::register_exception_translator([](std::exception_ptr p) {
+        try {
+            if (p) std::rethrow_exception(p);
+        } catch (const LlamaError& e) {
+            py::object exc = error_type(e.what());
+            exc.attr("code") = e.code();
+            PyErr_SetObject(error_type.ptr(), exc.ptr());
+        }
+    });
+    m.attr("ERR_LOAD_FAILED") = static_cast<int>(semif::kLoadFailed);
+    m.attr("ERR_CONTEXT_FAILED") = static_cast<int>(semif::kContextFailed);
+    m.attr("ERR_CONTEXT_OVERFLOW") = static_cast<int>(semif::kContextOverflow);
+    m.attr("ERR_BAD_ARGUMENT") = static_cast<int>(semif::kBadArgument);
+    m.attr("ERR_STATE_FAILED") = static_cast<int>(semif::kStateFailed);
+    m.attr("LLAMA_BUILD_NUMBER") = SEMIF_LLAMA_BUILD_NUMBER;
+    m.attr("LLAMA_BUILD_COMMIT") = SEMIF_LLAMA_BUILD_COMMIT;
+
+    m.def("system_info", [] { return std::string(llama_print_system_info()); });
+    m.def("supports_gpu_offload", [] { return llama_supports_gpu_offload(); });
+    m.def("flush_logs", &flush_logs, "Forward queued llama.cpp log lines to Python logging.");
+
+    py::class_<Engine>(m, "Engine")
+        .def(py::init([](const std::string& model_path, int32_t n_ctx, int32_t n_threads,
+                         int32_t n_gpu_layers, int32_t n_seq, int32_t n_batch) {
+                 EngineConfig cfg{model_path, n_ctx, n_threads, n_gpu_layers, n_seq, n_batch};
+                 return unlocked([&] { return new Engine(cfg); });
+             }),
+             py::arg("model_path"), py::arg("n_ctx") = 4096, py::arg("n_threads") = 0,
+             py::arg("n_gpu_layers") = 0, py::arg("n_seq") = 8, py::arg("n_batch") = 2048)
+        .def_property_readonly("n_vocab", &Engine::n_vocab)
+        .def_property_readonly("n_ctx", &Engine::n_ctx)
+        .def_property_readonly("n_seq", &Engine::n_seq)
+        .def_property_readonly("n_batch", &Engine::n_batch)
+        .def_property_readonly("n_threads", &Engine::n_threads)
+        .def_property_readonly("n_gpu_layers", [](const Engine& e) { return e.config().n_gpu_layers; })
+        .def_property_readonly("model_path", [](const Engine& e) { return e.config().model_path; })
+        .def_property_readonly("bos", &Engine::bos)
+        .def_property_readonly("eos", &Engine::eos)
+        .def_property_readonly("eot", &Engine::eot)
+        .def_property_readonly("add_bos", &Engine::add_bos)
+        .def_property_readonly("chat_template", [](const Engine& e) -> py::object {
+            std::string t = e.chat_template();
+            if (t.empty()) return py::none();
+            return py::str(t);
+        })
+        .def_property_readonly("metadata", &Engine::metadata)
+        .def_property_readonly("description", &Engine::description)
+        .def_property_readonly("model_size", &Engine::model_size)
+        .def_property_readonly("n_params", &Engine::n_params)
+        .def_property_readonly("tokens_evaluated", &Engine::tokens_evaluated)
+        .def("special_tokens", &Engine::special_tokens)
+        .def("tokenize", &Engine::tokenize, py::arg("text"), py::arg("add_special") = false,
+             py::arg("parse_special") = true)
+        .def("detokenize", &Engine::detokenize, py::arg("tokens"), py::arg("special") = true)
+        .def("token_piece", [](const Engine& e, llama_token t, bool special) {
+                 return py::bytes(e.token_piece(t, special));
+             }, py::arg("token"), py::arg("special") = true)
+        .def("score",
+             [](Engine& e, const Tokens& prefix, const std::vector<Tokens>& suffixes,
+                const Tokens& ids, const std::string& mode) {
+                 const auto parsed = parse_mode(mode);
+                 auto r = unlocked([&] { return e.score(prefix, suffixes, ids, parsed); });
+                 py::array_t<float> logits({r.n_rows, r.n_ids});
+                 std::copy(r.logits.begin(), r.logits.end(), logits.mutable_data());
+                 py::array_t<double> lse(r.n_rows);
+                 std::copy(r.logsumexp.begin(), r.logsumexp.end(), lse.mutable_data());
+                 return py::make_tuple(logits, lse, stats_dict(r.stats));
+             },
+             py::arg("prefix"), py::arg("suffixes"), py::arg("ids"), py::arg("mode") = "copy",
+             "Logits of `ids` at the last position of prefix + each suffix, the full-vocabulary "
+             "logsumexp there, and timing stats.")
+        .def("score_continuations",
+             [](Engine& e, const Tokens& prefix, const std::vector<Tokens>& conts) {
+                 auto r = unlocked([&] { return e.score_continuations(prefix, conts); });
+                 py::array_t<double> lp(static_cast<py::ssize_t>(r.logprob.size()));
+                 std::copy(r.logprob.begin(), r.logprob.end(), lp.mutable_data());
+                 return py::make_tuple(lp, r.n_tokens, stats_dict(r.stats));
+             },
+             py::arg("prefix"), py::arg("continuations"),
+             "Summed log-probability of each continuation after the prefix.")
+        .def("get_prefix_state", [](Engine& e) {
+                 auto data = unlocked([&] { return e.get_prefix_state(); });
+                 return py::bytes(reinterpret_cast<const char*>(data.data()), data.size());
+             })
+        .def("set_prefix_state", [](Engine& e, const py::bytes& data, const Tokens& tokens) {
+                 std::string raw = data;
+                 std::vector<uint8_t> buf(raw.begin(), raw.end());
+                 unlocked([&] { e.set_prefix_state(buf, tokens); });
+             }, py::arg("data"), py::arg("tokens"))
+        .def_property_readonly("prefix_tokens", &Engine::prefix_tokens)
+        .def("reset", [](Engine& e) { unlocked([&] { e.reset(); }); })
+        .def("set_threads", &Engine::set_threads, py::arg("n_threads"));
+
+    py::module_::import("atexit").attr("register")(py::cpp_function([] {
+        semif::uninstall_log_callback();
+    }));
+}

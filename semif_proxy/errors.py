@@ -1,0 +1,76 @@
+"""Domain errors, each with the HTTP status and the stable JSON error shape it maps to."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class ApiError(Exception):
+    status = 400
+    type = "invalid_request"
+
+    def __init__(self, message: str, *, field: str | None = None, **extra: Any) -> None:
+        super().__init__(message)
+        self.message = message
+        self.field = field
+        self.extra = extra
+        self.headers: dict[str, str] = {}
+
+    def body(self) -> dict[str, Any]:
+        error: dict[str, Any] = {"type": self.type, "message": self.message}
+        if self.field is not None:
+            error["field"] = self.field
+        error.update(self.extra)
+        return {"error": error}
+
+
+class InvalidRequest(ApiError):
+    pass
+
+
+class PayloadTooLarge(ApiError):
+    status = 413
+    type = "too_large"
+
+
+class UnsupportedMediaType(ApiError):
+    status = 415
+    type = "unsupported_media_type"
+
+
+class Unauthorized(ApiError):
+    status = 401
+    type = "unauthorized"
+
+
+class Overloaded(ApiError):
+    status = 503
+    type = "overloaded"
+
+    def __init__(self, message: str, retry_after: int = 1, **extra: Any) -> None:
+        super().__init__(message, **extra)
+        self.headers["Retry-After"] = str(retry_after)
+
+
+class Unavailable(ApiError):
+    status = 503
+    type = "unavailable"
+
+    def __init__(self, message: str, retry_after: int = 2, **extra: Any) -> None:
+        super().__init__(message, **extra)
+        self.headers["Retry-After"] = str(retry_after)
+
+
+class UpstreamError(ApiError):
+    status = 502
+    type = "upstream_error"
+
+
+class Timeout(ApiError):
+    status = 504
+    type = "timeout"
+
+
+class NotFound(ApiError):
+    status = 404
+    type = "not_found"

@@ -1,0 +1,104 @@
+"""Request models for the decision path, and pydantic errors turned into the API error shape."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any, TypeVar
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    ValidationError,
+    field_validator,
+)
+
+from semif_proxy.errors import InvalidRequest
+
+MAX_OPTIONS = 26
+NonEmpty = Annotated[str, StringConstraints(min_length=1)]
+State = NonEmpty | dict[str, Any] | list[Any]
+
+
+class Option(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    id: NonEmpty
+    description: str
+
+
+class Decision(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    id: NonEmpty
+    state: State
+    question: NonEmpty
+    options: list[Option] = Field(min_length=2, max_length=MAX_OPTIONS)
+    return_prompt: bool = False
+
+    @field_validator("options")
+    @classmethod
+    def _unique_option_ids(cls, options: list[Option]) -> list[Option]:
+        ids = [o.id for o in options]
+        duplicates = sorted({i for i in ids if ids.count(i) > 1})
+        if duplicates:
+            raise ValueError(f"option ids must be unique; repeated: {duplicates}")
+        return options
+
+    def state_key(self) -> str:
+        return json.dumps(self.state, ensure_ascii=False)
+
+
+class SingleRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    decision: Decision
+
+
+class SharedRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    decisions: list[Decision] = Field(min_length=1)
+
+
+def check_shared(request: SharedRequest) -> None:
+    """Cross-decision rules, reported with the exact field that breaks them."""
+    seen: dict[str, int] = {}
+    for i, d in enumerate(request.decisions):
+        if d.id in seen:
+            raise InvalidRequest(
+                f"decisions[{i}].id: {d.id!r} repeats decisions[{seen[d.id]}].id; ids must be unique",
+                field=f"decisions[{i}].id",
+            )
+        seen[d.id] = i
+    first = request.decisions[0].state_key()
+    for i, d in enumerate(request.decisions[1:], start=1):
+        if d.state_key() != first:
+            raise InvalidRequest(
+                f"decisions[{i}].state differs from decisions[0].state; a shared request needs "
+                "the identical state in every decision",
+                field=f"decisions[{i}].state",
+            )
+
+
+def field_path(loc: tuple[Any, ...]) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            # Union members show up as loc parts like 'str' / 'dict[str,any]'; they name no field.
+            if part in ("str", "dict[str,any]", "list[any]", "constrained-str"):
+                continue
+            out += f".{part}" if out else str(part)
+    return out or "body"
+
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def parse(model: type[M], data: Any) -> M:
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors(include_url=False)[0]
+        field = field_path(tuple(first["loc"]))
+        message = first["msg"].removeprefix("Value error, ")
+        raise InvalidRequest(f"{field}: {message}", field=field) from None

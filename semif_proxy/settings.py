@@ -1,0 +1,226 @@
+"""All configuration, parsed and validated once at start-up into one frozen object.
+
+Every default lives here and nowhere else. A bad value stops start-up with a message that names
+the environment variable.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from semif_proxy.llama_args import PREFIX, llama_server_args
+from semif_proxy.model_files import ModelNotFoundError, discover_model
+
+
+class SettingsError(ValueError):
+    """A configuration problem; the message names the variable."""
+
+
+class Temperature(BaseModel):
+    """Softmax temperature per question type; `default` applies where no type is named."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    default: float = Field(1.0, gt=0.0, le=100.0)
+    decision: float | None = Field(None, gt=0.0, le=100.0)
+    noul: float | None = Field(None, gt=0.0, le=100.0)
+    choice: float | None = Field(None, gt=0.0, le=100.0)
+    score: float | None = Field(None, gt=0.0, le=100.0)
+
+    def for_type(self, kind: str) -> float:
+        value = getattr(self, kind, None)
+        return float(value) if value is not None else self.default
+
+
+class Settings(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    model_path: Path
+    host: str = "0.0.0.0"
+    port: int = Field(8080, ge=1, le=65535)
+    upstream_port: int = Field(8081, ge=1, le=65535)
+    chat: bool = True
+    decisions: bool = True
+    llama_server_args: tuple[str, ...] = ()
+    llama_server_binary: Path | None = None
+
+    # Decision engine
+    n_ctx: int = Field(4096, ge=64, le=1 << 20)
+    n_threads: int = Field(0, ge=0, le=1024)  # 0: half the cores (the rest go to llama-server)
+    n_gpu_layers: int = Field(0, ge=-1)
+    n_parallel: int = Field(8, ge=2, le=64)
+    n_batch: int = Field(2048, ge=32, le=1 << 16)
+    temperature: Temperature = Temperature()
+
+    # Limits
+    max_body_bytes: int = Field(1 << 20, ge=1024)
+    max_decisions: int = Field(32, ge=1, le=1024)
+    max_prompt_tokens: int = Field(0, ge=0)  # per decision; 0: the engine context
+    max_request_tokens: int = Field(0, ge=0)  # per request; 0: 4 x the context
+    max_in_flight: int = Field(4, ge=1, le=4096)
+    max_queue: int = Field(64, ge=0, le=100_000)
+    request_timeout: float = Field(120.0, gt=0.0)
+    prefix_cache_mb: int = Field(256, ge=0)
+
+    api_key: str | None = Field(None, repr=False)
+    strict: bool = False
+    playground: bool = True
+    log_level: str = "INFO"
+    shutdown_grace: float = Field(20.0, ge=0.0)
+
+    @field_validator("log_level")
+    @classmethod
+    def _level(cls, value: str) -> str:
+        upper = value.upper()
+        if upper not in ("DEBUG", "INFO", "WARNING", "ERROR"):
+            raise ValueError("must be DEBUG, INFO, WARNING or ERROR")
+        return upper
+
+    @property
+    def engine_threads(self) -> int:
+        if self.n_threads:
+            return self.n_threads
+        cores = os.cpu_count() or 1
+        return max(1, cores // 2) if self.chat else cores
+
+    @property
+    def prompt_token_limit(self) -> int:
+        return self.max_prompt_tokens or self.n_ctx
+
+    @property
+    def request_token_limit(self) -> int:
+        return self.max_request_tokens or 4 * self.n_ctx
+
+    def public_dict(self) -> dict[str, Any]:
+        data = self.model_dump(mode="json")
+        data["api_key"] = "***" if self.api_key else None
+        return data
+
+
+# Settings field -> (environment variable, fallback SM_LLAMA_CPP_* variables)
+_ENV: dict[str, tuple[str, tuple[str, ...]]] = {
+    "host": ("SEMIF_HOST", ()),
+    "port": ("SM_LLAMA_CPP_PORT", ("SEMIF_PORT",)),
+    "upstream_port": ("LLAMA_CPP_UPSTREAM_PORT", ()),
+    "chat": ("SEMIF_CHAT", ()),
+    "decisions": ("SEMIF_DECISIONS", ()),
+    "llama_server_binary": ("SEMIF_LLAMA_SERVER", ()),
+    "n_ctx": ("SEMIF_CTX_SIZE", ("SM_LLAMA_CPP_CTX_SIZE", "SM_LLAMA_CPP_C")),
+    "n_threads": ("SEMIF_THREADS", ("SM_LLAMA_CPP_THREADS", "SM_LLAMA_CPP_T")),
+    "n_gpu_layers": (
+        "SEMIF_N_GPU_LAYERS",
+        ("SM_LLAMA_CPP_N_GPU_LAYERS", "SM_LLAMA_CPP_GPU_LAYERS", "SM_LLAMA_CPP_NGL"),
+    ),
+    "n_parallel": ("SEMIF_PARALLEL", ()),
+    "n_batch": ("SEMIF_BATCH_SIZE", ()),
+    "temperature": ("SEMIF_TEMPERATURE", ()),
+    "max_body_bytes": ("SEMIF_MAX_BODY_BYTES", ()),
+    "max_decisions": ("SEMIF_MAX_DECISIONS", ()),
+    "max_prompt_tokens": ("SEMIF_MAX_PROMPT_TOKENS", ()),
+    "max_request_tokens": ("SEMIF_MAX_REQUEST_TOKENS", ()),
+    "max_in_flight": ("SEMIF_MAX_IN_FLIGHT", ()),
+    "max_queue": ("SEMIF_MAX_QUEUE", ()),
+    "request_timeout": ("SEMIF_REQUEST_TIMEOUT", ()),
+    "prefix_cache_mb": ("SEMIF_PREFIX_CACHE_MB", ()),
+    "api_key": ("SEMIF_API_KEY", ()),
+    "strict": ("SEMIF_STRICT", ()),
+    "playground": ("SEMIF_PLAYGROUND", ()),
+    "log_level": ("SEMIF_LOG_LEVEL", ()),
+    "shutdown_grace": ("SEMIF_SHUTDOWN_GRACE", ()),
+}
+_BOOLS = {"chat", "decisions", "strict", "playground"}
+_TRUE = {"1", "true", "on", "yes"}
+_FALSE = {"0", "false", "off", "no"}
+
+
+def _parse_bool(value: str) -> bool:
+    lowered = value.strip().lower()
+    if lowered in _TRUE:
+        return True
+    if lowered in _FALSE:
+        return False
+    raise ValueError(f"expected on/off (or true/false, 1/0), got {value!r}")
+
+
+def _parse_temperature(value: str) -> Temperature:
+    text = value.strip()
+    try:
+        parsed = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"expected a number or a JSON object, got {value!r}") from exc
+    if isinstance(parsed, (int, float)) and not isinstance(parsed, bool):
+        return Temperature(default=float(parsed))
+    if isinstance(parsed, dict):
+        # A calibration file may carry extra keys (ECE, counts); only temperatures are read.
+        temps = parsed.get("temperature", parsed)
+        if isinstance(temps, dict):
+            return Temperature(**temps)
+    raise ValueError(f"expected a number or a JSON object of temperatures, got {value!r}")
+
+
+def _raw_values(env: Mapping[str, str]) -> tuple[dict[str, Any], dict[str, str]]:
+    values: dict[str, Any] = {}
+    sources: dict[str, str] = {}
+    for field, (name, fallbacks) in _ENV.items():
+        for var in (name, *fallbacks):
+            if var in env and env[var].strip() != "":
+                sources[field] = var
+                raw = env[var]
+                try:
+                    if field in _BOOLS:
+                        values[field] = _parse_bool(raw)
+                    elif field == "temperature":
+                        values[field] = _parse_temperature(raw)
+                    else:
+                        values[field] = raw
+                except (ValueError, ValidationError) as exc:
+                    raise SettingsError(f"{var}: {exc}") from None
+                break
+    return values, sources
+
+
+def _resolve_model(env: Mapping[str, str], model: str | None) -> Path:
+    if model:
+        path = Path(model)
+        source = "--model"
+    elif env.get("SM_LLAMA_CPP_MODEL"):
+        path = Path(env["SM_LLAMA_CPP_MODEL"])
+        if not path.is_absolute():
+            path = Path(env.get("SM_LLAMA_CPP_MODEL_DIR") or "/opt/ml/model") / path
+        source = "SM_LLAMA_CPP_MODEL"
+    else:
+        model_dir = Path(env.get("SM_LLAMA_CPP_MODEL_DIR") or "/opt/ml/model")
+        try:
+            return discover_model(model_dir)
+        except ModelNotFoundError as exc:
+            raise SettingsError(f"SM_LLAMA_CPP_MODEL_DIR: {exc}") from None
+    if not path.is_file():
+        raise SettingsError(f"{source}: model file {path} does not exist")
+    return path
+
+
+def load_settings(
+    env: Mapping[str, str] | None = None, **overrides: Any
+) -> Settings:
+    """Settings from the environment; keyword overrides (CLI flags) win over variables."""
+    env = dict(os.environ if env is None else env)
+    values, sources = _raw_values(env)
+    model = overrides.pop("model", None)
+    values["model_path"] = _resolve_model(env, model)
+    values["llama_server_args"] = tuple(llama_server_args(env))
+    values.update({k: v for k, v in overrides.items() if v is not None})
+    try:
+        return Settings(**values)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        field = str(first["loc"][0]) if first["loc"] else "?"
+        var = sources.get(field, _ENV.get(field, (field,))[0])
+        raise SettingsError(f"{var}: {first['msg']} (got {first.get('input')!r})") from None
+
+
+__all__ = ["PREFIX", "Settings", "SettingsError", "Temperature", "load_settings"]
