@@ -30,7 +30,11 @@ def discover_model(model_dir: Path) -> Path:
     if direct:
         return direct[0]
     nested = sorted(
-        p for d in sorted(model_dir.iterdir()) if d.is_dir() for p in d.iterdir() if _is_candidate(p)
+        p
+        for d in sorted(model_dir.iterdir())
+        if d.is_dir()
+        for p in d.iterdir()
+        if _is_candidate(p)
     )
     if nested:
         return nested[0]

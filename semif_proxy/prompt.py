@@ -43,9 +43,7 @@ def user_payload(state: Any, question: str, descriptions: Sequence[str]) -> dict
     return {
         "evidence": state,
         "criterion": question,
-        "options": [
-            {"letter": LETTERS[i], "description": d} for i, d in enumerate(descriptions)
-        ],
+        "options": [{"letter": LETTERS[i], "description": d} for i, d in enumerate(descriptions)],
     }
 
 
@@ -60,8 +58,9 @@ def _raise(message: str) -> None:
 class ChatTemplate:
     """A GGUF chat template (Jinja) rendered like Hugging Face's apply_chat_template."""
 
-    def __init__(self, source: str | None, bos_token: str = "", eos_token: str = "",
-                 strip_bos: bool = False) -> None:
+    def __init__(
+        self, source: str | None, bos_token: str = "", eos_token: str = "", strip_bos: bool = False
+    ) -> None:
         self.source = source or CHATML_TEMPLATE
         self.is_fallback = source is None
         env = ImmutableSandboxedEnvironment(

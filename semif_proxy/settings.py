@@ -204,9 +204,7 @@ def _resolve_model(env: Mapping[str, str], model: str | None) -> Path:
     return path
 
 
-def load_settings(
-    env: Mapping[str, str] | None = None, **overrides: Any
-) -> Settings:
+def load_settings(env: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
     """Settings from the environment; keyword overrides (CLI flags) win over variables."""
     env = dict(os.environ if env is None else env)
     values, sources = _raw_values(env)

@@ -1,0 +1,338 @@
+"""The decision service: turns validated decisions into engine calls and engine numbers into
+results. Runs every engine call on one worker thread so the event loop never blocks."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import re
+import time
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import numpy as np
+
+from semif_proxy import native, readout
+from semif_proxy.errors import InvalidRequest, PayloadTooLarge, Unavailable
+from semif_proxy.model_files import model_sha256
+from semif_proxy.prefix_cache import PrefixCache
+from semif_proxy.prompt import (
+    LETTERS,
+    PROMPT_VERSION,
+    ChatTemplate,
+    check_letters,
+    render_decision,
+)
+from semif_proxy.schemas import Decision
+from semif_proxy.settings import Settings
+
+log = logging.getLogger("semif_proxy.engine")
+READOUT = "letter-logits"
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Question:
+    """One decision as the engine sees it: where it came from, what it asks, how to score it."""
+
+    path: str  # request field path, for error messages ("decisions[2]")
+    id: str
+    state: Any
+    question: str
+    descriptions: tuple[str, ...]
+    temperature: float = 1.0
+    return_prompt: bool = False
+
+
+@dataclass
+class Scored:
+    question: Question
+    option_logits: np.ndarray
+    probabilities: np.ndarray
+    allowed_token_mass: float
+    input_tokens: int
+    prompt: str
+
+
+@dataclass
+class Evaluation:
+    scored: list[Scored]
+    timing: dict[str, Any] = field(default_factory=dict)
+    evaluated_tokens: int = 0
+
+
+def walk_strings(value: Any, path: str) -> Iterator[tuple[str, str]]:
+    if isinstance(value, str):
+        yield path, value
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            yield path, str(k)
+            yield from walk_strings(v, f"{path}.{k}")
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            yield from walk_strings(v, f"{path}[{i}]")
+
+
+class DecisionEngine:
+    def __init__(self, core: native.Engine, settings: Settings, sha256: str) -> None:
+        self.core = core
+        self.settings = settings
+        self.sha256 = sha256
+        self.cache = PrefixCache(settings.prefix_cache_mb * 1024 * 1024)
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="semif-engine")
+        self._specials = self._special_pattern()
+        bos_text = core.token_piece(core.bos).decode("utf-8", "replace") if core.bos >= 0 else ""
+        eos_text = core.token_piece(core.eos).decode("utf-8", "replace") if core.eos >= 0 else ""
+        self.template = ChatTemplate(core.chat_template, bos_text, eos_text, strip_bos=core.add_bos)
+        sample = render_decision(self.template, "evidence", "criterion", ["first", "second"]).text
+        check = check_letters(
+            self.tokenize_prompt,
+            lambda text: core.tokenize(text, add_special=False, parse_special=False),
+            lambda token: core.token_piece(token).decode("utf-8", "replace"),
+            sample,
+        )
+        self.letter_ids = list(check.token_ids)
+        self.unavailable_reason = (
+            None
+            if check.ok
+            else "decisions are disabled for this model: " + "; ".join(check.problems[:5])
+        )
+        if self.unavailable_reason:
+            log.error(
+                "letter check failed",
+                extra={"event": "letter_check", "problems": list(check.problems)},
+            )
+        self.model_info = {
+            "file": Path(core.model_path).name,
+            "bytes": Path(core.model_path).stat().st_size,
+            "sha256": sha256,
+            "llama_cpp_build": native.build_info()["llama_cpp_build"],
+            "n_gpu_layers": core.n_gpu_layers,
+            "threads": core.n_threads,
+            "context_size": core.n_ctx,
+        }
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    @classmethod
+    def load(cls, settings: Settings) -> DecisionEngine:
+        core = native.Engine(
+            str(settings.model_path),
+            n_ctx=settings.n_ctx,
+            n_threads=settings.engine_threads,
+            n_gpu_layers=settings.n_gpu_layers,
+            n_seq=settings.n_parallel,
+            n_batch=settings.n_batch,
+        )
+        return cls(core, settings, model_sha256(settings.model_path))
+
+    @classmethod
+    async def start(cls, settings: Settings) -> DecisionEngine:
+        return await asyncio.get_running_loop().run_in_executor(None, cls.load, settings)
+
+    def close(self) -> None:
+        self._executor.shutdown(wait=True, cancel_futures=True)
+
+    async def run(self, fn: Callable[[], T]) -> T:
+        """Run fn on the engine thread; callers queue there in arrival order."""
+        return await asyncio.get_running_loop().run_in_executor(self._executor, fn)
+
+    # -- tokens ------------------------------------------------------------------------------
+
+    def tokenize_prompt(self, text: str) -> list[int]:
+        # Exactly what llama-server does with a prompt string: specials parsed, BOS as the
+        # model asks. That makes our prompts and llama-server's /completion comparable.
+        return list(self.core.tokenize(text, add_special=True, parse_special=True))
+
+    def _special_pattern(self) -> re.Pattern[str] | None:
+        texts = set()
+        for token in self.core.special_tokens():
+            text = self.core.token_piece(token).decode("utf-8", "replace")
+            if text.strip():
+                texts.add(text)
+        if not texts:
+            return None
+        return re.compile("|".join(re.escape(t) for t in sorted(texts, key=len, reverse=True)))
+
+    def check_injection(self, value: Any, path: str) -> None:
+        if self._specials is None:
+            return
+        for where, text in walk_strings(value, path):
+            found = self._specials.search(text)
+            if found:
+                raise InvalidRequest(
+                    f"{where}: contains {found.group(0)!r}, a special token of the model; "
+                    "template tokens are not allowed in requests",
+                    field=where,
+                )
+
+    # -- evaluation (engine thread) ------------------------------------------------------------
+
+    def _check_limits(self, questions: Sequence[Question], fulls: Sequence[list[int]]) -> None:
+        limit = self.settings.prompt_token_limit
+        for q, tokens in zip(questions, fulls):
+            if len(tokens) > limit:
+                raise PayloadTooLarge(
+                    f"{q.path}: the prompt is {len(tokens)} tokens, over the limit of {limit}",
+                    field=q.path,
+                    tokens=len(tokens),
+                    limit=limit,
+                )
+
+    def _check_request_tokens(self, evaluated: int) -> None:
+        limit = self.settings.request_token_limit
+        if evaluated > limit:
+            raise PayloadTooLarge(
+                f"the request needs {evaluated} evaluated tokens, over the limit of {limit}",
+                field="body",
+                tokens=evaluated,
+                limit=limit,
+            )
+
+    def _restore_cached(self, prefix: list[int]) -> bool:
+        if not self.cache.worth_caching(prefix) or list(self.core.prefix_tokens) == prefix:
+            return False
+        state = self.cache.get(prefix)
+        if state is None:
+            return False
+        self.core.set_prefix_state(state, prefix)
+        return True
+
+    def _score(self, prefix: list[int], suffixes: list[list[int]]) -> tuple[Any, Any, dict]:
+        hit = self._restore_cached(prefix)
+        logits, lse, stats = self.core.score(prefix, suffixes, self.letter_ids)
+        if not hit and self.cache.worth_caching(prefix) and stats["prefix_reused"] == 0:
+            self.cache.put(prefix, self.core.get_prefix_state())
+        stats["prefix_cache_hit"] = hit
+        return logits, lse, stats
+
+    def evaluate(self, questions: Sequence[Question]) -> Evaluation:
+        """Score questions that share one state: one prefill, the questions as branches."""
+        if self.unavailable_reason:
+            raise Unavailable(self.unavailable_reason)
+        start = time.perf_counter()
+        for q in questions:
+            self.check_injection(q.id, f"{q.path}.id")
+            self.check_injection(q.state, f"{q.path}.state")
+            self.check_injection(q.question, f"{q.path}.question")
+            for i, d in enumerate(q.descriptions):
+                self.check_injection(d, f"{q.path}.options[{i}].description")
+        rendered = [
+            render_decision(self.template, q.state, q.question, q.descriptions) for q in questions
+        ]
+        fulls = [self.tokenize_prompt(r.text) for r in rendered]
+        self._check_limits(questions, fulls)
+        prefix = self.tokenize_prompt(rendered[0].state_prefix)
+        proven = all(
+            r.state_prefix == rendered[0].state_prefix
+            and f[: len(prefix)] == prefix
+            and len(f) > len(prefix)
+            for r, f in zip(rendered, fulls)
+        )
+        rows: list[tuple[np.ndarray, float]] = []
+        if proven:
+            suffixes = [f[len(prefix) :] for f in fulls]
+            evaluated = len(prefix) + sum(len(s) for s in suffixes)
+            self._check_request_tokens(evaluated)
+            logits, lse, stats = self._score(prefix, suffixes)
+            rows = [(logits[i], float(lse[i])) for i in range(len(questions))]
+            timing = {
+                "mode": "shared_prefix",
+                "prefix_proven": True,
+                "prefix_tokens": len(prefix),
+                "prefix_reused_tokens": stats["prefix_reused"],
+                "prefix_cache_hit": stats["prefix_cache_hit"],
+                "prefill_seconds": stats["prefill_seconds"],
+                "suffix_tokens": stats["suffix_tokens"],
+                "suffix_seconds": stats["suffix_seconds"],
+            }
+        else:
+            # The state's tokens are not a clean prefix of every prompt (a merge across the
+            # boundary): evaluate each prompt whole rather than trust a wrong split.
+            evaluated = sum(len(f) for f in fulls)
+            self._check_request_tokens(evaluated)
+            prefill = 0.0
+            for f in fulls:
+                logits, lse, stats = self.core.score(f, [[]], self.letter_ids)
+                rows.append((logits[0], float(lse[0])))
+                prefill += stats["prefill_seconds"]
+            timing = {
+                "mode": "full_evaluation",
+                "prefix_proven": False,
+                "prefix_tokens": 0,
+                "prefix_reused_tokens": 0,
+                "prefix_cache_hit": False,
+                "prefill_seconds": prefill,
+                "suffix_tokens": 0,
+                "suffix_seconds": 0.0,
+            }
+        scored = []
+        for q, r, f, (row, lse_value) in zip(questions, rendered, fulls, rows):
+            option_logits = np.asarray(row[: len(q.descriptions)], dtype=np.float64)
+            scored.append(
+                Scored(
+                    question=q,
+                    option_logits=option_logits,
+                    probabilities=readout.softmax(option_logits, q.temperature),
+                    allowed_token_mass=readout.allowed_token_mass(option_logits, lse_value),
+                    input_tokens=len(f),
+                    prompt=r.text,
+                )
+            )
+        timing["forward_seconds"] = timing["prefill_seconds"] + timing["suffix_seconds"]
+        timing["total_seconds"] = time.perf_counter() - start
+        return Evaluation(scored=scored, timing=timing, evaluated_tokens=evaluated)
+
+    # -- the decision API shape ------------------------------------------------------------------
+
+    def questions_from(self, decisions: Sequence[Decision], paths: Sequence[str]) -> list[Question]:
+        temperature = self.settings.temperature.for_type("decision")
+        return [
+            Question(
+                path=path,
+                id=d.id,
+                state=d.state,
+                question=d.question,
+                descriptions=tuple(o.description for o in d.options),
+                temperature=temperature,
+                return_prompt=d.return_prompt,
+            )
+            for d, path in zip(decisions, paths)
+        ]
+
+    def result_body(self, s: Scored, decision: Decision, timing: dict[str, Any]) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "id": decision.id,
+            "option_ids": [o.id for o in decision.options],
+            "probabilities": [float(p) for p in s.probabilities],
+            "option_logits": [float(v) for v in s.option_logits],
+            "input_tokens": s.input_tokens,
+            "allowed_token_mass": s.allowed_token_mass,
+            "prompt_sha256": hashlib.sha256(s.prompt.encode("utf-8")).hexdigest(),
+            "prompt_version": PROMPT_VERSION,
+            "readout": READOUT,
+            "model": self.model_info,
+            "timing": {
+                "forward_seconds": timing["forward_seconds"],
+                "total_seconds": timing["total_seconds"],
+            },
+        }
+        if decision.return_prompt:
+            body["prompt"] = s.prompt
+        return body
+
+    def decide(
+        self, decisions: Sequence[Decision], paths: Sequence[str]
+    ) -> tuple[list[dict], dict]:
+        evaluation = self.evaluate(self.questions_from(decisions, paths))
+        bodies = [
+            self.result_body(s, d, evaluation.timing) for s, d in zip(evaluation.scored, decisions)
+        ]
+        return bodies, evaluation.timing
+
+
+__all__ = ["LETTERS", "DecisionEngine", "Evaluation", "Question", "Scored"]

@@ -1,0 +1,75 @@
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+
+import pytest
+
+from semif_proxy import native
+from tests.helpers.tiny_model import write_tiny_model
+
+DEFAULT_MODEL = (
+    Path(os.environ.get("SEMIF_CACHE_DIR", Path.home() / ".cache" / "semif-proxy"))
+    / "models"
+    / "SmolLM2-135M-Instruct.Q4_1.gguf"
+)
+GPU_LAYERS = int(os.environ.get("SEMIF_TEST_GPU_LAYERS", "0"))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="session")
+def model_path() -> Path:
+    path = Path(os.environ.get("SEMIF_TEST_MODEL", DEFAULT_MODEL))
+    if not path.is_file():
+        pytest.fail(f"default model missing at {path}; run `make model`")
+    return path
+
+
+@pytest.fixture(scope="session")
+def qwen_path() -> Path:
+    path = os.environ.get("SEMIF_TEST_QWEN")
+    if not path or not Path(path).is_file():
+        pytest.skip("Qwen2.5 model not fetched (make model-qwen; SEMIF_TEST_QWEN)")
+    return Path(path)
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_tiny_model(tmp_path_factory.mktemp("tiny") / "tiny.gguf")
+
+
+@pytest.fixture(scope="session")
+def tiny_merging_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_tiny_model(tmp_path_factory.mktemp("tiny") / "merge.gguf", letter_merges=True)
+
+
+@pytest.fixture(scope="session")
+def engine(model_path: Path) -> native.Engine:
+    return native.Engine(str(model_path), n_ctx=4096, n_threads=2, n_gpu_layers=GPU_LAYERS, n_seq=8)
+
+
+@pytest.fixture(scope="session")
+def llama_server_url(model_path: Path):
+    """A real llama-server on the default model (loopback, free port), for parity checks."""
+    import asyncio
+
+    from semif_proxy.llama_server import LlamaServer
+
+    binary = native.llama_server_path()
+    assert binary is not None
+    loop = asyncio.new_event_loop()
+    server = LlamaServer(binary, model_path, free_port(),
+                         ["--ctx-size", "2048", "--threads", "1", "--parallel", "1",
+                          "--n-gpu-layers", str(GPU_LAYERS)])
+    loop.run_until_complete(server.start())
+    try:
+        yield server.base_url
+    finally:
+        loop.run_until_complete(server.stop())
+        loop.close()

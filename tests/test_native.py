@@ -1,0 +1,206 @@
+"""The compiled engine on the real SmolLM2 model and on generated tiny models."""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from semif_proxy import _engine, native
+
+PROMPT = "<|im_start|>user\nIs the sky blue? Answer yes or no.<|im_end|>\n<|im_start|>assistant\n"
+
+
+def letter_ids(engine: native.Engine) -> list[int]:
+    return [engine.tokenize(c, parse_special=False)[0] for c in "ABCD"]
+
+
+def test_build_is_the_pinned_llama_cpp() -> None:
+    info = native.build_info()
+    assert info["llama_cpp_build"] == 11312
+    assert info["llama_cpp_commit"] == "0c1e570"
+    assert "CPU" in str(info["system_info"])
+
+
+def test_bundled_llama_server_is_the_same_build() -> None:
+    server = native.llama_server_path()
+    assert server is not None and server.is_file()
+    out = subprocess.run([str(server), "--version"], capture_output=True, text=True, timeout=30)
+    assert "build 11312" in out.stdout + out.stderr
+
+
+def test_model_metadata(engine: native.Engine, model_path: Path) -> None:
+    assert engine.n_vocab == 49152
+    assert engine.n_ctx == 4096
+    assert "<|im_start|>" in (engine.chat_template or "")
+    assert engine.metadata["general.architecture"] == "llama"
+    assert engine.model_path == str(model_path)
+    specials = {engine.token_piece(t) for t in engine.special_tokens()}
+    assert b"<|im_start|>" in specials and b"<|im_end|>" in specials
+
+
+def test_tokenize_round_trip_and_special_parsing(engine: native.Engine) -> None:
+    text = "Route this ticket: password reset email never arrives."
+    tokens = engine.tokenize(text, parse_special=False)
+    assert engine.detokenize(tokens) == text
+    assert len(engine.tokenize("<|im_start|>", parse_special=True)) == 1
+    assert len(engine.tokenize("<|im_start|>", parse_special=False)) > 1
+
+
+def test_same_logits_fresh_copied_and_restored(engine: native.Engine) -> None:
+    prefix = engine.tokenize(PROMPT[:40], add_special=True)
+    suffix = engine.tokenize(PROMPT, add_special=True)[len(prefix):]
+    assert engine.tokenize(PROMPT, add_special=True) == prefix + suffix
+    ids = letter_ids(engine)
+    engine.reset()
+    fresh, fresh_lse, _ = engine.score(prefix + suffix, [[]], ids)
+    engine.reset()
+    copied, copied_lse, stats = engine.score(prefix, [suffix, suffix[:3], suffix], ids, "copy")
+    assert stats["decode_calls"] == 2  # one prefill, one batch for all three branches
+    restored, restored_lse, _ = engine.score(prefix, [suffix, suffix[:3]], ids, "restore")
+    np.testing.assert_allclose(copied[0], fresh[0], atol=1e-4)
+    np.testing.assert_allclose(copied[2], fresh[0], atol=1e-4)
+    np.testing.assert_allclose(restored[0], fresh[0], atol=1e-4)
+    np.testing.assert_allclose(restored[1], copied[1], atol=1e-4)
+    assert abs(copied_lse[0] - fresh_lse[0]) < 1e-3
+    assert abs(restored_lse[0] - fresh_lse[0]) < 1e-3
+
+
+def test_many_suffixes_are_grouped_by_free_sequences(engine: native.Engine) -> None:
+    prefix = engine.tokenize(PROMPT, add_special=True)
+    suffixes = [engine.tokenize(f" option {i}") for i in range(20)]
+    logits, lse, stats = engine.score(prefix, suffixes, letter_ids(engine))
+    assert logits.shape == (20, 4) and lse.shape == (20,)
+    # 7 branch sequences (n_seq=8): 20 suffixes need 3 suffix decodes after the prefill.
+    assert stats["decode_calls"] <= 1 + 3
+    alone, _, _ = engine.score(prefix, [suffixes[13]], letter_ids(engine))
+    np.testing.assert_allclose(alone[0], logits[13], atol=1e-4)
+
+
+def test_prefix_state_save_and_restore(engine: native.Engine) -> None:
+    prefix = engine.tokenize(PROMPT, add_special=True)
+    ids = letter_ids(engine)
+    before, _, _ = engine.score(prefix, [[]], ids)
+    state = engine.get_prefix_state()
+    engine.reset()
+    engine.set_prefix_state(state, prefix)
+    after, _, stats = engine.score(prefix, [[]], ids)
+    assert stats["prefix_reused"] == len(prefix) - 1
+    np.testing.assert_allclose(after, before, atol=1e-4)
+    with pytest.raises(native.LlamaError) as err:
+        engine.set_prefix_state(state, prefix[:-2])
+    assert err.value.code == _engine.ERR_STATE_FAILED
+
+
+def test_continuations_sum_token_logprobs(engine: native.Engine) -> None:
+    prefix = engine.tokenize(PROMPT, add_special=True)
+    conts = [engine.tokenize("Yes, it is."), engine.tokenize("No")]
+    logprob, n_tokens, _ = engine.score_continuations(prefix, conts)
+    assert n_tokens == [len(c) for c in conts]
+    expected = 0.0
+    for i, token in enumerate(conts[0]):
+        row, lse, _ = engine.score(prefix + conts[0][:i], [[]], [token])
+        expected += float(row[0, 0]) - float(lse[0])
+    assert logprob[0] == pytest.approx(expected, abs=1e-3)
+    assert logprob[0] < 0 and logprob[1] < 0
+
+
+def test_logits_match_llama_server(engine: native.Engine, llama_server_url: str) -> None:
+    import json
+    import urllib.request
+
+    body = json.dumps({"prompt": PROMPT, "n_predict": 1, "n_probs": 10, "temperature": 0,
+                       "cache_prompt": False, "post_sampling_probs": False}).encode()
+    req = urllib.request.Request(f"{llama_server_url}/completion", data=body,
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=60) as resp:
+        data = json.load(resp)
+    top = data["completion_probabilities"][0]["top_logprobs"]
+    ids = [int(t["id"]) for t in top]
+    prompt_tokens = engine.tokenize(PROMPT, add_special=True)
+    logits, lse, _ = engine.score(prompt_tokens, [[]], ids)
+    ours = logits[0].astype(np.float64) - lse[0]
+    theirs = np.array([t["logprob"] for t in top])
+    np.testing.assert_allclose(ours, theirs, atol=2e-3)
+
+
+def test_decode_releases_the_gil(engine: native.Engine) -> None:
+    prefix = engine.tokenize(PROMPT * 20, add_special=True)
+    ticks = 0
+    done = threading.Event()
+
+    def work() -> None:
+        engine.reset()
+        engine.score(prefix, [[]], letter_ids(engine))
+        done.set()
+
+    thread = threading.Thread(target=work)
+    thread.start()
+    while not done.is_set():
+        ticks += 1
+        time.sleep(0.001)
+    thread.join()
+    assert ticks > 5
+
+
+def test_llama_logs_reach_python_logging(tiny_model: Path, caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.DEBUG, logger="semif_proxy.llama"):
+        native.Engine(str(tiny_model), n_ctx=256, n_threads=1)
+    assert any(r.name == "semif_proxy.llama" for r in caplog.records)
+
+
+def test_tiny_model_loads_fast(tiny_model: Path) -> None:
+    start = time.perf_counter()
+    tiny = native.Engine(str(tiny_model), n_ctx=256, n_threads=1, n_seq=4)
+    assert time.perf_counter() - start < 5
+    assert tiny.chat_template and "<|im_start|>" in tiny.chat_template
+    ids = tiny.tokenize("A", parse_special=False)
+    assert len(ids) == 1 and tiny.token_piece(ids[0]) == b"A"
+    logits, lse, _ = tiny.score(tiny.tokenize("hello", add_special=True), [[]], ids)
+    assert np.isfinite(logits).all() and np.isfinite(lse).all()
+
+
+def test_missing_model_is_a_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(native.LlamaError, match="not found") as err:
+        native.Engine(str(tmp_path / "nope.gguf"))
+    assert err.value.code == _engine.ERR_LOAD_FAILED
+
+
+def test_non_gguf_file_is_a_clear_error(tmp_path: Path) -> None:
+    path = tmp_path / "model.gguf"
+    path.write_text("this is not a model")
+    with pytest.raises(native.LlamaError, match="not a GGUF"):
+        native.Engine(str(path))
+
+
+def test_corrupt_gguf_is_a_clear_error(tmp_path: Path, tiny_model: Path) -> None:
+    data = tiny_model.read_bytes()
+    path = tmp_path / "truncated.gguf"
+    path.write_bytes(data[: len(data) // 3])
+    with pytest.raises(native.LlamaError, match="failed to load") as err:
+        native.Engine(str(path))
+    assert err.value.code == _engine.ERR_LOAD_FAILED
+
+
+def test_prompt_longer_than_context(tiny_model: Path) -> None:
+    tiny = native.Engine(str(tiny_model), n_ctx=64, n_threads=1)
+    long_prompt = tiny.tokenize("x" * (tiny.n_ctx + 10))
+    with pytest.raises(native.LlamaError, match=f"context holds {tiny.n_ctx}") as err:
+        tiny.score(long_prompt, [[]], [1])
+    assert err.value.code == _engine.ERR_CONTEXT_OVERFLOW
+    # The engine stays usable after the refusal.
+    logits, _, _ = tiny.score(tiny.tokenize("short"), [[]], [1])
+    assert logits.shape == (1, 1)
+
+
+def test_bad_token_ids_are_rejected(engine: native.Engine) -> None:
+    with pytest.raises(native.LlamaError, match="outside the vocabulary") as err:
+        engine.score([1, 2, 3], [[]], [engine.n_vocab])
+    assert err.value.code == _engine.ERR_BAD_ARGUMENT
+    with pytest.raises(native.LlamaError, match="mode must be"):
+        engine.score([1, 2, 3], [[]], [1], "sideways")
