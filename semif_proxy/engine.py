@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from semif_proxy import native, readout
-from semif_proxy.errors import InvalidRequest, PayloadTooLarge, Unavailable
+from semif_proxy.errors import EngineFailure, InvalidRequest, PayloadTooLarge, Unavailable
 from semif_proxy.model_files import model_sha256
 from semif_proxy.prefix_cache import PrefixCache
 from semif_proxy.prompt import (
@@ -289,6 +289,12 @@ class DecisionEngine:
 
     # -- the decision API shape ------------------------------------------------------------------
 
+    prompt_version = PROMPT_VERSION
+
+    @staticmethod
+    def prompt_sha256(prompt: str) -> str:
+        return hashlib.sha256(prompt.encode("utf-8")).hexdigest()
+
     def questions_from(self, decisions: Sequence[Decision], paths: Sequence[str]) -> list[Question]:
         temperature = self.settings.temperature.for_type("decision")
         return [
@@ -312,7 +318,7 @@ class DecisionEngine:
             "option_logits": [float(v) for v in s.option_logits],
             "input_tokens": s.input_tokens,
             "allowed_token_mass": s.allowed_token_mass,
-            "prompt_sha256": hashlib.sha256(s.prompt.encode("utf-8")).hexdigest(),
+            "prompt_sha256": self.prompt_sha256(s.prompt),
             "prompt_version": PROMPT_VERSION,
             "readout": READOUT,
             "model": self.model_info,

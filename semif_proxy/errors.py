@@ -74,3 +74,25 @@ class Timeout(ApiError):
 class NotFound(ApiError):
     status = 404
     type = "not_found"
+
+
+class EngineFailure(ApiError):
+    """llama.cpp refused a forward pass that passed validation (e.g. out of KV memory)."""
+
+    status = 503
+    type = "engine_error"
+
+
+class SchemaError(ApiError):
+    """422 in FastAPI's shape, which System One clients (and their SDKs) parse."""
+
+    status = 422
+    type = "unprocessable_entity"
+
+    def __init__(self, detail: list[dict[str, Any]]) -> None:
+        first = detail[0] if detail else {"msg": "invalid request"}
+        super().__init__(str(first.get("msg")))
+        self.detail = detail
+
+    def body(self) -> dict[str, Any]:
+        return {"detail": self.detail}

@@ -7,9 +7,25 @@ import shutil
 from pathlib import Path
 
 from semif_proxy import _engine
-from semif_proxy._engine import Engine, LlamaError
+from semif_proxy._engine import (
+    ERR_BAD_ARGUMENT,
+    ERR_CONTEXT_OVERFLOW,
+    ERR_LOAD_FAILED,
+    ERR_STATE_FAILED,
+    Engine,
+    LlamaError,
+)
 
-__all__ = ["Engine", "LlamaError", "build_info", "llama_server_path"]
+__all__ = [
+    "ERR_BAD_ARGUMENT",
+    "ERR_CONTEXT_OVERFLOW",
+    "ERR_LOAD_FAILED",
+    "ERR_STATE_FAILED",
+    "Engine",
+    "LlamaError",
+    "build_info",
+    "llama_server_path",
+]
 
 LLAMA_SERVER_ENV = "SEMIF_LLAMA_SERVER"
 

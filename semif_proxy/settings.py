@@ -66,6 +66,7 @@ class Settings(BaseModel):
     max_queue: int = Field(64, ge=0, le=100_000)
     request_timeout: float = Field(120.0, gt=0.0)
     prefix_cache_mb: int = Field(256, ge=0)
+    permutations: int = Field(1, ge=1, le=26)
 
     api_key: str | None = Field(None, repr=False)
     strict: bool = False
@@ -127,6 +128,7 @@ _ENV: dict[str, tuple[str, tuple[str, ...]]] = {
     "max_queue": ("SEMIF_MAX_QUEUE", ()),
     "request_timeout": ("SEMIF_REQUEST_TIMEOUT", ()),
     "prefix_cache_mb": ("SEMIF_PREFIX_CACHE_MB", ()),
+    "permutations": ("SEMIF_PERMUTATIONS", ()),
     "api_key": ("SEMIF_API_KEY", ()),
     "strict": ("SEMIF_STRICT", ()),
     "playground": ("SEMIF_PLAYGROUND", ()),

@@ -1,0 +1,112 @@
+"""The aiohttp application factory: wiring only."""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+from collections.abc import AsyncIterator
+
+import aiohttp
+from aiohttp import web
+
+from semif_proxy import native
+from semif_proxy.admission import Admission
+from semif_proxy.engine import DecisionEngine
+from semif_proxy.errors import Unauthorized
+from semif_proxy.keys import (
+    CHAT_ADMISSION,
+    DECISION_ADMISSION,
+    ENGINE,
+    LLAMA,
+    METRICS,
+    SETTINGS,
+    UPSTREAM,
+)
+from semif_proxy.llama_server import LlamaServer, LlamaServerError
+from semif_proxy.metrics import Metrics
+from semif_proxy.middleware import Handler, request_middleware
+from semif_proxy.routes import decisions, health, invocations, proxy, systemone
+from semif_proxy.settings import Settings
+
+log = logging.getLogger("semif_proxy.app")
+OPEN_PATHS = ("/ping", "/invocations", "/health", "/metrics")
+
+
+async def _engine_ctx(app: web.Application) -> AsyncIterator[None]:
+    settings = app[SETTINGS]
+    app[ENGINE] = None
+    if settings.decisions:
+        app[ENGINE] = await DecisionEngine.start(settings)
+        log.info("decision engine ready", extra={"event": "engine_ready", **app[ENGINE].model_info})
+    yield
+    engine = app[ENGINE]
+    if engine is not None:
+        await asyncio.get_running_loop().run_in_executor(None, engine.close)
+
+
+async def _llama_ctx(app: web.Application) -> AsyncIterator[None]:
+    settings = app[SETTINGS]
+    app[LLAMA] = None
+    server = None
+    if settings.chat:
+        binary = settings.llama_server_binary or native.llama_server_path()
+        if binary is None:
+            raise LlamaServerError("no llama-server binary (bundled, $SEMIF_LLAMA_SERVER or PATH)")
+        args = list(settings.llama_server_args)
+        if not any(a in args for a in ("--threads", "-t")) and settings.decisions:
+            # Leave the engine its cores: the two must not fight over the same ones.
+            import os
+
+            spare = max(1, (os.cpu_count() or 1) - settings.engine_threads)
+            args += ["--threads", str(spare)]
+        server = LlamaServer(binary, settings.model_path, settings.upstream_port, args)
+        await server.start()
+        app[LLAMA] = server
+    yield
+    if server is not None:
+        await server.stop()
+
+
+async def _upstream_ctx(app: web.Application) -> AsyncIterator[None]:
+    connector = aiohttp.TCPConnector(limit=0)
+    async with aiohttp.ClientSession(connector=connector, auto_decompress=False) as session:
+        app[UPSTREAM] = session
+        yield
+
+
+def _auth_middleware(settings: Settings) -> web.middleware:
+    expected = f"Bearer {settings.api_key}".encode() if settings.api_key else None
+
+    @web.middleware
+    async def auth(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if expected and request.path.startswith("/v1/"):
+            given = request.headers.get("Authorization", "").encode()
+            if not hmac.compare_digest(given, expected):
+                raise Unauthorized("missing or wrong API key (Authorization: Bearer ...)",
+                                   field="Authorization")
+        return await handler(request)
+
+    return auth
+
+
+def create_app(settings: Settings) -> web.Application:
+    app = web.Application(
+        middlewares=[request_middleware, _auth_middleware(settings)],
+        client_max_size=settings.max_body_bytes,
+    )
+    app[SETTINGS] = settings
+    app[METRICS] = Metrics()
+    app[DECISION_ADMISSION] = Admission("decision", settings.max_in_flight, settings.max_queue)
+    app[CHAT_ADMISSION] = Admission("chat", settings.max_in_flight, settings.max_queue)
+    app.cleanup_ctx.extend([_upstream_ctx, _engine_ctx, _llama_ctx])
+    health.register_gauges(app)
+    app.router.add_get("/ping", health.ping)
+    app.router.add_get("/health", health.health)
+    app.router.add_get("/metrics", health.metrics)
+    app.router.add_post("/invocations", invocations.invocations)
+    app.router.add_post("/v1/decisions", decisions.decisions)
+    app.router.add_post("/v1/systemone", systemone.systemone_route)
+    app.router.add_get("/v1/models", systemone.models_route)
+    app.router.add_route("*", "/{tail:.*}", proxy.passthrough)
+    return app

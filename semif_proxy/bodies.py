@@ -1,0 +1,49 @@
+"""Reading request bodies within the configured limits."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from aiohttp import web
+
+from semif_proxy.errors import InvalidRequest, PayloadTooLarge, UnsupportedMediaType
+
+
+def require_json(request: web.Request) -> None:
+    if request.content_type not in ("application/json", "application/x-json") and not (
+        request.content_type.endswith("+json")
+    ):
+        raise UnsupportedMediaType(
+            f"Content-Type must be application/json, got {request.content_type or 'none'!r}",
+            field="Content-Type",
+        )
+
+
+async def read_limited(request: web.Request, limit: int) -> bytes:
+    length = request.content_length
+    if length is not None and length > limit:
+        raise PayloadTooLarge(
+            f"body is {length} bytes, over the limit of {limit}", field="body", bytes=length,
+            limit=limit,
+        )
+    chunks = bytearray()
+    async for chunk in request.content.iter_chunked(64 * 1024):
+        chunks += chunk
+        if len(chunks) > limit:
+            raise PayloadTooLarge(
+                f"body is over the limit of {limit} bytes", field="body", limit=limit
+            )
+    return bytes(chunks)
+
+
+async def read_json_object(request: web.Request, limit: int) -> tuple[dict[str, Any], bytes]:
+    require_json(request)
+    raw = await read_limited(request, limit)
+    try:
+        body = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise InvalidRequest(f"body is not valid JSON: {exc}", field="body") from None
+    if not isinstance(body, dict):
+        raise InvalidRequest("body must be a JSON object", field="body")
+    return body, raw

@@ -1,0 +1,93 @@
+"""Command line: `semif-proxy serve` (the container entrypoint) and `semif-proxy decide`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+
+from semif_proxy.logs import configure_logging
+from semif_proxy.settings import Settings, SettingsError, load_settings
+
+log = logging.getLogger("semif_proxy")
+
+
+def _settings(args: argparse.Namespace, **extra: object) -> Settings:
+    try:
+        return load_settings(model=args.model, **extra)
+    except SettingsError as exc:
+        sys.stderr.write(f"semif-proxy: configuration error: {exc}\n")
+        raise SystemExit(2) from None
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from aiohttp import web
+
+    from semif_proxy.app import create_app
+
+    settings = _settings(args, port=args.port, host=args.host)
+    configure_logging(settings.log_level)
+    log.info("settings", extra={"event": "settings", "settings": settings.public_dict()})
+    web.run_app(
+        create_app(settings),
+        host=settings.host,
+        port=settings.port,
+        shutdown_timeout=settings.shutdown_grace,
+        print=None,
+        access_log=None,
+        handle_signals=True,
+    )
+    return 0
+
+
+def cmd_decide(args: argparse.Namespace) -> int:
+    from semif_proxy.engine import DecisionEngine
+    from semif_proxy.errors import ApiError
+    from semif_proxy.schemas import SharedRequest, SingleRequest, check_shared, parse
+
+    settings = _settings(args, chat=False)
+    configure_logging("WARNING")
+    body = json.loads(Path(args.request).read_text())
+    engine = DecisionEngine.load(settings)
+    try:
+        if "decision" in body:
+            single = parse(SingleRequest, body)
+            results, _ = engine.decide([single.decision], ["decision"])
+            out: dict = {"result": results[0]}
+        else:
+            shared = parse(SharedRequest, body)
+            check_shared(shared)
+            paths = [f"decisions[{i}]" for i in range(len(shared.decisions))]
+            results, timing = engine.decide(shared.decisions, paths)
+            out = {"results": results, "timing": timing}
+    except ApiError as exc:
+        json.dump(exc.body(), sys.stdout, indent=2)
+        sys.stdout.write("\n")
+        return 1
+    finally:
+        engine.close()
+    json.dump(out, sys.stdout, indent=2)
+    sys.stdout.write("\n")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="semif-proxy", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    serve = sub.add_parser("serve", help="run the proxy (chat + decisions)")
+    serve.add_argument("--model", help="GGUF file (default: SM_LLAMA_CPP_MODEL / model dir)")
+    serve.add_argument("--port", type=int, help="public port (default: SM_LLAMA_CPP_PORT or 8080)")
+    serve.add_argument("--host", help="bind address (default 0.0.0.0)")
+    serve.set_defaults(func=cmd_serve)
+    decide = sub.add_parser("decide", help="answer a decision request from a JSON file")
+    decide.add_argument("request", help="request JSON ({'decision': ...} or {'decisions': [...]})")
+    decide.add_argument("--model", help="GGUF file")
+    decide.set_defaults(func=cmd_decide)
+    args = parser.parse_args(argv)
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,90 @@
+"""Request id, the one error middleware, metrics and the per-request JSON log line."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+
+from aiohttp import web
+
+from semif_proxy.errors import ApiError
+from semif_proxy.keys import METRICS
+
+log = logging.getLogger("semif_proxy.access")
+REQUEST_ID = "request_id"
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def error_response(error: ApiError, request_id: str) -> web.Response:
+    body = error.body()
+    if "error" in body:
+        body["error"]["request_id"] = request_id
+    return web.json_response(body, status=error.status, headers=error.headers)
+
+
+def _route_name(request: web.Request) -> str:
+    info = request.match_info.route.resource
+    return info.canonical if info is not None else "unmatched"
+
+
+@web.middleware
+async def request_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    request_id = request.headers.get("X-Request-Id") or uuid.uuid4().hex
+    if len(request_id) > 128 or not request_id.isprintable():
+        request_id = uuid.uuid4().hex
+    request[REQUEST_ID] = request_id
+    metrics = request.app[METRICS]
+    metrics.in_flight += 1
+    start = time.perf_counter()
+    status = 500
+    try:
+        try:
+            response = await handler(request)
+        except ApiError as exc:
+            response = error_response(exc, request_id)
+        except web.HTTPRequestEntityTooLarge as exc:
+            response = error_response(
+                ApiError(f"body is over the limit of {exc.max_size} bytes", field="body"),
+                request_id,
+            )
+            response.set_status(413)
+        except web.HTTPException as exc:
+            if exc.status < 400:
+                raise
+            kind = "not_found" if exc.status == 404 else "http_error"
+            err = ApiError(exc.reason or "error")
+            err.status, err.type = exc.status, kind
+            response = error_response(err, request_id)
+            response.set_status(exc.status)
+        except asyncio.CancelledError:
+            status = 499  # client went away
+            raise
+        except Exception:
+            log.exception("unhandled error", extra={"request_id": request_id})
+            err = ApiError("internal error; see the server log for this request id")
+            err.status, err.type = 500, "internal_error"
+            response = error_response(err, request_id)
+        if not response.prepared:
+            response.headers["X-Request-Id"] = request_id
+        status = response.status
+        return response
+    finally:
+        elapsed = time.perf_counter() - start
+        metrics.in_flight -= 1
+        route = _route_name(request)
+        metrics.observe_request(route, request.method, status, elapsed)
+        log.info(
+            "request",
+            extra={
+                "request_id": request_id,
+                "method": request.method,
+                "route": route,
+                "path": request.path,
+                "status": status,
+                "latency_ms": round(elapsed * 1000, 2),
+                "tokens": request.get("tokens"),
+            },
+        )

@@ -1,0 +1,1 @@
+"""HTTP routes. Handlers parse, call a service, render; none of them knows llama.cpp."""

@@ -1,0 +1,66 @@
+"""POST /v1/decisions: single ({"decision"}) and shared-state ({"decisions"}) requests."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING, Any
+
+from aiohttp import web
+
+from semif_proxy.bodies import read_json_object
+from semif_proxy.errors import NotFound, PayloadTooLarge, Timeout, Unavailable
+from semif_proxy.keys import DECISION_ADMISSION, ENGINE, SETTINGS
+from semif_proxy.schemas import SharedRequest, SingleRequest, check_shared, parse
+
+if TYPE_CHECKING:
+    from semif_proxy.engine import DecisionEngine
+
+
+def require_engine(request: web.Request) -> DecisionEngine:
+    settings = request.app[SETTINGS]
+    if not settings.decisions:
+        raise NotFound("decisions are disabled on this server (SEMIF_DECISIONS=off)")
+    engine = request.app.get(ENGINE)
+    if engine is None:
+        raise Unavailable("the decision engine is still loading")
+    return engine
+
+
+async def run_on_engine(request: web.Request, fn: Any) -> Any:
+    engine = require_engine(request)
+    timeout = request.app[SETTINGS].request_timeout
+    try:
+        return await asyncio.wait_for(engine.run(fn), timeout)
+    except asyncio.TimeoutError:
+        raise Timeout(f"the decision took longer than {timeout:g}s (SEMIF_REQUEST_TIMEOUT)") from None
+
+
+async def answer_decisions(request: web.Request, body: dict[str, Any]) -> web.Response:
+    engine = require_engine(request)
+    settings = request.app[SETTINGS]
+    if "decision" in body:
+        single = parse(SingleRequest, body)
+        results, _ = await run_on_engine(
+            request, lambda: engine.decide([single.decision], ["decision"])
+        )
+        request["tokens"] = results[0]["input_tokens"]
+        return web.json_response({"result": results[0]})
+    shared = parse(SharedRequest, body)
+    if len(shared.decisions) > settings.max_decisions:
+        raise PayloadTooLarge(
+            f"decisions: {len(shared.decisions)} decisions, over the limit of "
+            f"{settings.max_decisions} (SEMIF_MAX_DECISIONS)",
+            field="decisions", count=len(shared.decisions), limit=settings.max_decisions,
+        )
+    check_shared(shared)
+    paths = [f"decisions[{i}]" for i in range(len(shared.decisions))]
+    results, timing = await run_on_engine(request, lambda: engine.decide(shared.decisions, paths))
+    request["tokens"] = sum(r["input_tokens"] for r in results)
+    return web.json_response({"results": results, "timing": timing})
+
+
+async def decisions(request: web.Request) -> web.Response:
+    require_engine(request)
+    async with request.app[DECISION_ADMISSION].slot():
+        body, _ = await read_json_object(request, request.app[SETTINGS].max_body_bytes)
+        return await answer_decisions(request, body)

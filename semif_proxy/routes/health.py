@@ -1,0 +1,89 @@
+"""GET /ping (SageMaker readiness), GET /health (details), GET /metrics (Prometheus)."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from aiohttp import web
+
+from semif_proxy import __version__, native
+from semif_proxy.keys import CHAT_ADMISSION, DECISION_ADMISSION, ENGINE, LLAMA, METRICS, SETTINGS
+
+
+async def _status(app: web.Application, live: bool) -> tuple[bool, dict[str, Any]]:
+    settings = app[SETTINGS]
+    parts: dict[str, Any] = {}
+    ready = True
+    if settings.decisions:
+        engine = app.get(ENGINE)
+        engine_ok = engine is not None and engine.unavailable_reason is None
+        parts["engine"] = {
+            "state": "ready" if engine_ok else ("refusing" if engine else "loading"),
+            "reason": engine.unavailable_reason if engine else None,
+        }
+        ready = ready and engine is not None
+    if settings.chat:
+        server = app.get(LLAMA)
+        ok = server is not None and (await server.check() if live else server.healthy)
+        parts["llama_server"] = {
+            "state": server.state if server else "not started",
+            "pid": server.pid if server else None,
+            "restarts": server.restarts if server else 0,
+            "healthy": ok,
+        }
+        ready = ready and ok
+    return ready, parts
+
+
+async def ping(request: web.Request) -> web.Response:
+    ready, parts = await _status(request.app, live=True)
+    return web.json_response({"status": "ok" if ready else "unavailable", **parts},
+                             status=200 if ready else 503)
+
+
+async def health(request: web.Request) -> web.Response:
+    app = request.app
+    ready, parts = await _status(app, live=True)
+    engine = app.get(ENGINE)
+    body: dict[str, Any] = {
+        "status": "ok" if ready else "unavailable",
+        "version": __version__,
+        "pid": os.getpid(),
+        **native.build_info(),
+        **parts,
+    }
+    if engine is not None:
+        body["model"] = engine.model_info
+        body["prefix_cache"] = {
+            "entries": len(engine.cache),
+            "bytes": engine.cache.size_bytes,
+            **vars(engine.cache.stats),
+        }
+    return web.json_response(body, status=200 if ready else 503)
+
+
+def register_gauges(app: web.Application) -> None:
+    metrics = app[METRICS]
+
+    def engine_attr(fn: Any) -> Any:
+        return lambda: float(fn(app[ENGINE])) if app.get(ENGINE) is not None else 0.0
+
+    metrics.gauge("semif_engine_tokens_evaluated_total", engine_attr(lambda e: e.core.tokens_evaluated))
+    metrics.gauge("semif_prefix_cache_hits_total", engine_attr(lambda e: e.cache.stats.hits))
+    metrics.gauge("semif_prefix_cache_misses_total", engine_attr(lambda e: e.cache.stats.misses))
+    metrics.gauge("semif_prefix_cache_bytes", engine_attr(lambda e: e.cache.size_bytes))
+    metrics.gauge("semif_decision_queue_depth", lambda: float(app[DECISION_ADMISSION].waiting))
+    metrics.gauge("semif_decision_running", lambda: float(app[DECISION_ADMISSION].running))
+    metrics.gauge("semif_decision_rejected_total", lambda: float(app[DECISION_ADMISSION].rejected))
+    metrics.gauge("semif_chat_queue_depth", lambda: float(app[CHAT_ADMISSION].waiting))
+    metrics.gauge("semif_chat_running", lambda: float(app[CHAT_ADMISSION].running))
+    metrics.gauge(
+        "semif_llama_server_restarts_total",
+        lambda: float(app[LLAMA].restarts) if app.get(LLAMA) is not None else 0.0,
+    )
+
+
+async def metrics(request: web.Request) -> web.Response:
+    return web.Response(text=request.app[METRICS].render(), content_type="text/plain",
+                        charset="utf-8", headers={"X-Content-Type-Options": "nosniff"})

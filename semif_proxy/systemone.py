@@ -1,0 +1,181 @@
+"""TypeSafe's System One contract (noul / choice / score) mapped onto the decision engine.
+
+Pure request/answer logic: builds engine questions, turns scored options into answers.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from semif_proxy import readout
+from semif_proxy.errors import SchemaError
+
+Content = str | dict[str, Any] | list[Any]
+ALIASES = ("jev-latest", "jev-preview")
+MAX_OPTIONS = 26
+DEFAULT_INSTRUCTIONS = {
+    "noul": "Decide whether the instructions hold for the evidence.",
+    "choice": "Choose the option that fits the evidence best.",
+    "score": "Rate the evidence on the listed levels.",
+}
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class NoulCriteria(_Strict):
+    true: Content | None = None
+    false: Content | None = None
+
+
+class NoulQuestion(_Strict):
+    type: Literal["noul"]
+    instructions: Content | None = None
+    criteria: NoulCriteria | None = None
+
+
+class ChoiceQuestion(_Strict):
+    type: Literal["choice"]
+    instructions: Content | None = None
+    criteria: dict[str, Content | None] = Field(min_length=2, max_length=MAX_OPTIONS)
+
+
+class ScoreQuestion(_Strict):
+    type: Literal["score"]
+    instructions: Content | None = None
+    criteria: list[Content] = Field(min_length=2, max_length=MAX_OPTIONS)
+
+
+QuestionModel = Annotated[
+    NoulQuestion | ChoiceQuestion | ScoreQuestion, Field(discriminator="type")
+]
+
+
+class SystemOneRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    model: str
+    state: Content
+    questions: dict[str, QuestionModel] = Field(min_length=1)
+    permutations: int | None = Field(None, ge=1, le=MAX_OPTIONS)
+    min_confidence: float | None = Field(None, ge=0.0, le=1.0)
+
+
+def parse_request(body: Any) -> SystemOneRequest:
+    try:
+        return SystemOneRequest.model_validate(body)
+    except ValidationError as exc:
+        detail = [
+            {"loc": ["body", *e["loc"]], "msg": e["msg"], "type": e["type"]}
+            for e in exc.errors(include_url=False)
+        ]
+        raise SchemaError(detail) from None
+
+
+def schema_error(loc: list[str | int], msg: str, kind: str = "value_error") -> SchemaError:
+    return SchemaError([{"loc": ["body", *loc], "msg": msg, "type": kind}])
+
+
+def _text(value: Content | None) -> str:
+    if value is None:
+        return ""
+    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+
+
+@dataclass(frozen=True)
+class Spec:
+    """One System One question as a lettered decision: option ids and what the model reads."""
+
+    qid: str
+    kind: str
+    instructions: str
+    option_ids: tuple[str, ...]
+    descriptions: tuple[str, ...]
+    legend: dict[str, Content] | None = None
+
+
+def build_spec(qid: str, q: NoulQuestion | ChoiceQuestion | ScoreQuestion) -> Spec:
+    instructions = _text(q.instructions) or DEFAULT_INSTRUCTIONS[q.type]
+    if isinstance(q, NoulQuestion):
+        crit = q.criteria or NoulCriteria()
+        yes = _text(crit.true) or "the instructions hold for the evidence"
+        no = _text(crit.false) or "the instructions do not hold for the evidence"
+        return Spec(qid, "noul", instructions, ("true", "false"), (f"yes: {yes}", f"no: {no}"))
+    if isinstance(q, ChoiceQuestion):
+        names = tuple(q.criteria)
+        descs = tuple(f"{n}: {_text(d)}" if _text(d) else n for n, d in q.criteria.items())
+        return Spec(qid, "choice", instructions, names, descs)
+    ids = tuple(str(i) for i in range(len(q.criteria)))
+    descs = tuple(f"level {i}: {_text(c)}" for i, c in enumerate(q.criteria))
+    return Spec(qid, "score", instructions, ids, descs, legend=dict(zip(ids, q.criteria)))
+
+
+def rotations(n: int, k: int) -> list[list[int]]:
+    """k cyclic rotations of range(n), spread evenly over the n possible ones."""
+    k = max(1, min(k, n))
+    return [[(j + (r * n) // k) % n for j in range(n)] for r in range(k)]
+
+
+def combine(per_rotation: list[tuple[list[int], np.ndarray]], n: int) -> tuple[np.ndarray, float]:
+    """Mean of the rotated runs' probabilities, each mapped back to the request's order; and the
+    share of runs whose argmax disagrees with the mean's argmax."""
+    total = np.zeros(n)
+    argmaxes = []
+    for order, probs in per_rotation:
+        back = np.zeros(n)
+        back[order] = probs
+        total += back
+        argmaxes.append(int(np.argmax(back)))
+    mean = total / len(per_rotation)
+    top = int(np.argmax(mean))
+    moved = sum(a != top for a in argmaxes) / len(argmaxes)
+    return mean, moved
+
+
+def answer_for(spec: Spec, probs: np.ndarray, min_confidence: float | None) -> dict[str, Any]:
+    conf = readout.confidence(probs)
+    if spec.kind == "noul":
+        answer: dict[str, Any] = {"type": "noul", "noul": float(probs[0])}
+    elif spec.kind == "choice":
+        answer = {
+            "type": "choice",
+            "choice": spec.option_ids[int(np.argmax(probs))],
+            "probabilities": {i: float(p) for i, p in zip(spec.option_ids, probs)},
+            "confidence": conf,
+        }
+    else:
+        answer = {
+            "type": "score",
+            "score": float(sum(i * p for i, p in enumerate(probs))),
+            "legend": spec.legend,
+            "probabilities": {i: float(p) for i, p in zip(spec.option_ids, probs)},
+            "confidence": conf,
+        }
+    if min_confidence is not None:
+        answer["abstained"] = conf < min_confidence
+    return answer
+
+
+def served_model_id(model_path: Path, sha256: str) -> str:
+    return f"{model_path.stem.lower()}@{sha256[:12]}"
+
+
+def models_listing(model_path: Path, sha256: str) -> dict[str, Any]:
+    released = datetime.fromtimestamp(model_path.stat().st_mtime, tz=timezone.utc).date().isoformat()
+    served = served_model_id(model_path, sha256)
+    description = f"{model_path.name} (sha256 {sha256[:12]}) served by semif-proxy"
+    names = [served, *ALIASES]
+    return {
+        "models": [
+            {"name": n, "description": description if n == served else f"alias of {served}",
+             "release_date": released}
+            for n in names
+        ]
+    }
