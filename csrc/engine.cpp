@@ -42,7 +42,7 @@ void check_gguf_file(const std::string& path) {
 
 Engine::Engine(const EngineConfig& config) : config_(config) {
     if (config.n_ctx < 8) throw LlamaError(kBadArgument, "n_ctx must be at least 8");
-    if (config.n_seq < 2) throw LlamaError(kBadArgument, "n_seq must be at least 2");
+    if (config.n_seq < 3) throw LlamaError(kBadArgument, "n_seq must be at least 3");
     if (config.n_batch < 1) throw LlamaError(kBadArgument, "n_batch must be at least 1");
     check_gguf_file(config.model_path);
     take_last_error();
@@ -69,6 +69,7 @@ Engine::Engine(const EngineConfig& config) : config_(config) {
     // Branches share the prefix's KV cells instead of each holding a copy.
     cparams.kv_unified = true;
     cparams.no_perf = true;
+    cparams.flash_attn_type = static_cast<llama_flash_attn_type>(config.flash_attn);
     ctx_.reset(llama_init_from_model(model_.get(), cparams));
     if (!ctx_) {
         throw LlamaError(kContextFailed,
@@ -205,19 +206,21 @@ int32_t Engine::ensure_prefix(const std::vector<llama_token>& prefix, ScoreStats
     auto start = Clock::now();
     llama_memory_t mem = llama_get_memory(ctx_.get());
     drop_branches();
-    // Reuse what sequence 0 already holds, but always re-evaluate the last prefix token: its
-    // logits are needed and only the latest decode's outputs are kept by llama.cpp.
-    size_t common = 0;
-    const size_t limit = std::min(seq0_.size(), prefix.size() - 1);
-    while (common < limit && seq0_[common] == prefix[common]) ++common;
-    if (common < seq0_.size() && !llama_memory_seq_rm(mem, 0, static_cast<llama_pos>(common), -1)) {
-        llama_memory_seq_rm(mem, 0, -1, -1);  // partial removal unsupported: start over
-        common = 0;
+    stats.prefix_tokens = static_cast<int32_t>(prefix.size());
+    // Only an exact match is reused, together with the logits kept from its own evaluation.
+    // Re-evaluating part of a prefix would compute those rows in a different batch shape, and
+    // results must not depend on what the engine happened to hold before.
+    if (!seq0_.empty() && seq0_ == prefix && prefix_logits_.size() == static_cast<size_t>(n_vocab_)) {
+        stats.prefix_reused = static_cast<int32_t>(prefix.size());
+        stats.prefill_seconds += seconds_since(start);
+        return stats.prefix_reused;
     }
-    seq0_.resize(common);
+    llama_memory_seq_rm(mem, 0, -1, -1);
+    seq0_.clear();
+    prefix_logits_.clear();
 
     Batch batch(n_batch_, 1);
-    for (size_t i = common; i < prefix.size(); ++i) {
+    for (size_t i = 0; i < prefix.size(); ++i) {
         batch.add(prefix[i], static_cast<llama_pos>(i), 0, i + 1 == prefix.size());
         if (batch.full() || i + 1 == prefix.size()) {
             decode_or_throw(batch, "the prefix");
@@ -230,10 +233,9 @@ int32_t Engine::ensure_prefix(const std::vector<llama_token>& prefix, ScoreStats
     // Copied at once: the next decode overwrites the output buffer.
     prefix_logits_.assign(row, row + n_vocab_);
     seq0_ = prefix;
-    stats.prefix_tokens = static_cast<int32_t>(prefix.size());
-    stats.prefix_reused = static_cast<int32_t>(common);
+    stats.prefix_reused = 0;
     stats.prefill_seconds += seconds_since(start);
-    return static_cast<int32_t>(common);
+    return 0;
 }
 
 void Engine::drop_branches() {
@@ -262,8 +264,24 @@ void Engine::decode_branches(const std::vector<Branch>& branches, size_t prefix_
         batch.clear();
     };
 
+    // Each branch's KV cells start at the same offset modulo kCellAlign as they would if it
+    // were decoded alone. The attention dot products then sum in the same SIMD lanes, so a
+    // question asked in a shared request gets bit-identical logits to the same question asked
+    // alone. Filler tokens go to a sequence nobody attends to and are removed afterwards.
+    const llama_seq_id pad_seq = n_seq_ - 1;
+    size_t cells = 0;
+    llama_pos pad_pos = 0;
     for (size_t b = 0; b < branches.size(); ++b) {
         const Branch& br = branches[b];
+        if (branches.size() > 1) {
+            const size_t pad = (kCellAlign - cells % kCellAlign) % kCellAlign;
+            for (size_t i = 0; i < pad; ++i) {
+                batch.add(0, pad_pos++, pad_seq, false);
+                if (batch.full()) flush();
+            }
+            cells += pad;
+            stats.padding_tokens += static_cast<int32_t>(pad);
+        }
         if (br.seq != 0) llama_memory_seq_cp(mem, 0, br.seq, -1, -1);
         const auto& toks = *br.tokens;
         for (size_t t = 0; t < toks.size(); ++t) {
@@ -273,6 +291,7 @@ void Engine::decode_branches(const std::vector<Branch>& branches, size_t prefix_
             if (want) wants.push_back({b, t, idx});
             if (batch.full()) flush();
         }
+        cells += toks.size();
         stats.suffix_tokens += static_cast<int32_t>(toks.size());
     }
     flush();
@@ -340,12 +359,12 @@ ScoreResult Engine::score(const std::vector<llama_token>& prefix,
         std::vector<Branch> group;
         std::vector<size_t> rows;
         size_t cells = 0;
-        while (next < pending.size() && group.size() < static_cast<size_t>(n_seq_ - 1)) {
+        while (next < pending.size() && group.size() < static_cast<size_t>(n_seq_ - 2)) {
             const auto& s = suffixes[pending[next]];
-            if (!group.empty() && cells + s.size() > free_cells) break;
+            if (!group.empty() && cells + s.size() + kCellAlign > free_cells) break;
             group.push_back(Branch{static_cast<llama_seq_id>(group.size() + 1), &s, false});
             rows.push_back(pending[next]);
-            cells += s.size();
+            cells += s.size() + kCellAlign;
             ++next;
         }
         auto grouped = [&](size_t b, size_t t, const float* row) { sink(rows[b], t, row); };
@@ -384,11 +403,17 @@ std::vector<uint8_t> Engine::get_prefix_state() {
 }
 
 void Engine::set_prefix_state(const std::vector<uint8_t>& data,
-                              const std::vector<llama_token>& tokens) {
+                              const std::vector<llama_token>& tokens,
+                              const std::vector<float>& logits) {
     std::lock_guard<std::mutex> lock(mutex_);
     check_token_ids(tokens, "tokens");
     if (tokens.empty() || tokens.size() > static_cast<size_t>(n_ctx_)) {
         throw LlamaError(kBadArgument, "tokens must describe a prefix that fits the context");
+    }
+    if (logits.size() != static_cast<size_t>(n_vocab_)) {
+        throw LlamaError(kBadArgument, "logits must hold n_vocab values (" +
+                                           std::to_string(n_vocab_) + "), got " +
+                                           std::to_string(logits.size()));
     }
     drop_branches();
     seq0_.clear();
@@ -400,8 +425,8 @@ void Engine::set_prefix_state(const std::vector<uint8_t>& data,
                                            " positions, tokens say " +
                                            std::to_string(tokens.size()));
     }
-    // The last token is re-evaluated by the next score call to get its logits back.
     seq0_ = tokens;
+    prefix_logits_ = logits;
 }
 
 ContinuationResult Engine::score_continuations(
@@ -442,7 +467,7 @@ ContinuationResult Engine::score_continuations(
     while (next < conts.size()) {
         branches.clear();
         owners.clear();
-        while (next < conts.size() && branches.size() < static_cast<size_t>(n_seq_ - 1)) {
+        while (next < conts.size() && branches.size() < static_cast<size_t>(n_seq_ - 2)) {
             if (!heads[next].empty()) {
                 branches.push_back(Branch{static_cast<llama_seq_id>(branches.size() + 1),
                                           &heads[next], true});

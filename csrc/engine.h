@@ -43,14 +43,18 @@ struct EngineConfig {
     int32_t n_gpu_layers = 0;
     int32_t n_seq = 8;      // sequence 0 for the prefix, the rest for parallel branches
     int32_t n_batch = 2048;
+    // llama_flash_attn_type; off by default: the CPU flash-attention kernels change their
+    // accumulation with the batch shape, which would make results depend on batching.
+    int32_t flash_attn = 0;
 };
 
 enum class ScoreMode { kCopy, kRestore };
 
 struct ScoreStats {
     int32_t prefix_tokens = 0;
-    int32_t prefix_reused = 0;     // tokens of the prefix already in sequence 0, not re-evaluated
+    int32_t prefix_reused = 0;     // prefix found already evaluated in sequence 0 (all or none)
     int32_t suffix_tokens = 0;
+    int32_t padding_tokens = 0;  // filler that keeps branch cells aligned (see decode_branches)
     int32_t decode_calls = 0;
     double prefill_seconds = 0.0;
     double suffix_seconds = 0.0;
@@ -69,6 +73,9 @@ struct ContinuationResult {
     std::vector<int32_t> n_tokens;
     ScoreStats stats;
 };
+
+// KV cell alignment of branches; a multiple of the widest f16 dot-product step (AVX-512: 64).
+constexpr size_t kCellAlign = 64;
 
 class Engine {
 public:
@@ -105,7 +112,9 @@ public:
 
     std::vector<uint8_t> get_prefix_state();  // state of sequence 0 (the current prefix)
     std::vector<llama_token> prefix_tokens() const { return seq0_; }
-    void set_prefix_state(const std::vector<uint8_t>& data, const std::vector<llama_token>& tokens);
+    const std::vector<float>& prefix_logits() const { return prefix_logits_; }
+    void set_prefix_state(const std::vector<uint8_t>& data, const std::vector<llama_token>& tokens,
+                          const std::vector<float>& logits);
     void reset();
     void set_threads(int32_t n_threads);
 

@@ -46,6 +46,7 @@ py::dict stats_dict(const semif::ScoreStats& s) {
     d["prefix_reused"] = s.prefix_reused;
     d["suffix_tokens"] = s.suffix_tokens;
     d["decode_calls"] = s.decode_calls;
+    d["padding_tokens"] = s.padding_tokens;
     d["prefill_seconds"] = s.prefill_seconds;
     d["suffix_seconds"] = s.suffix_seconds;
     return d;
@@ -88,12 +89,14 @@ PYBIND11_MODULE(_engine, m) {
 
     py::class_<Engine>(m, "Engine")
         .def(py::init([](const std::string& model_path, int32_t n_ctx, int32_t n_threads,
-                         int32_t n_gpu_layers, int32_t n_seq, int32_t n_batch) {
-                 EngineConfig cfg{model_path, n_ctx, n_threads, n_gpu_layers, n_seq, n_batch};
+                         int32_t n_gpu_layers, int32_t n_seq, int32_t n_batch, int32_t flash_attn) {
+                 EngineConfig cfg{model_path, n_ctx, n_threads, n_gpu_layers, n_seq, n_batch,
+                                  flash_attn};
                  return unlocked([&] { return new Engine(cfg); });
              }),
              py::arg("model_path"), py::arg("n_ctx") = 4096, py::arg("n_threads") = 0,
-             py::arg("n_gpu_layers") = 0, py::arg("n_seq") = 8, py::arg("n_batch") = 2048)
+             py::arg("n_gpu_layers") = 0, py::arg("n_seq") = 8, py::arg("n_batch") = 2048,
+             py::arg("flash_attn") = 0)
         .def_property_readonly("n_vocab", &Engine::n_vocab)
         .def_property_readonly("n_ctx", &Engine::n_ctx)
         .def_property_readonly("n_seq", &Engine::n_seq)
@@ -149,11 +152,23 @@ PYBIND11_MODULE(_engine, m) {
                  auto data = unlocked([&] { return e.get_prefix_state(); });
                  return py::bytes(reinterpret_cast<const char*>(data.data()), data.size());
              })
-        .def("set_prefix_state", [](Engine& e, const py::bytes& data, const Tokens& tokens) {
+        .def("get_prefix_logits", [](const Engine& e) {
+                 const auto& v = e.prefix_logits();
+                 py::array_t<float> out(static_cast<py::ssize_t>(v.size()));
+                 std::copy(v.begin(), v.end(), out.mutable_data());
+                 return out;
+             }, "Full-vocabulary logits at the last position of the prefix in sequence 0.")
+        .def("set_prefix_state",
+             [](Engine& e, const py::bytes& data, const Tokens& tokens,
+                const py::array_t<float, py::array::c_style | py::array::forcecast>& logits) {
                  std::string raw = data;
                  std::vector<uint8_t> buf(raw.begin(), raw.end());
-                 unlocked([&] { e.set_prefix_state(buf, tokens); });
-             }, py::arg("data"), py::arg("tokens"))
+                 std::vector<float> row(logits.data(), logits.data() + logits.size());
+                 unlocked([&] { e.set_prefix_state(buf, tokens, row); });
+             },
+             py::arg("data"), py::arg("tokens"), py::arg("logits"),
+             "Put a saved prefix (state bytes, its tokens, its last-position logits) back into "
+             "sequence 0.")
         .def_property_readonly("prefix_tokens", &Engine::prefix_tokens)
         .def("reset", [](Engine& e) { unlocked([&] { e.reset(); }); })
         .def("set_threads", &Engine::set_threads, py::arg("n_threads"));

@@ -77,7 +77,22 @@ def walk_strings(value: Any, path: str) -> Iterator[tuple[str, str]]:
             yield from walk_strings(v, f"{path}[{i}]")
 
 
+def shared_prefix(state_tokens: Sequence[int], fulls: Sequence[Sequence[int]]) -> list[int]:
+    """The longest token prefix that the state's own tokens and every full prompt agree on, and
+    that leaves each prompt at least one token to decode. This is the proof that one prefill
+    serves every question: it *is* the start of each prompt, token for token."""
+    limit = min([len(state_tokens)] + [len(f) - 1 for f in fulls])
+    k = 0
+    while k < limit and all(f[k] == state_tokens[k] for f in fulls):
+        k += 1
+    return list(state_tokens[:k])
+
+
 class DecisionEngine:
+    # BPE vocabularies often merge the state's closing quote with the comma that follows
+    # ('",'); the split then moves back a token or two. Any further and the split is refused.
+    boundary_slack = 4
+
     def __init__(self, core: native.Engine, settings: Settings, sha256: str) -> None:
         self.core = core
         self.settings = settings
@@ -196,17 +211,18 @@ class DecisionEngine:
     def _restore_cached(self, prefix: list[int]) -> bool:
         if not self.cache.worth_caching(prefix) or list(self.core.prefix_tokens) == prefix:
             return False
-        state = self.cache.get(prefix)
-        if state is None:
+        entry = self.cache.get(prefix)
+        if entry is None:
             return False
-        self.core.set_prefix_state(state, prefix)
+        state, logits = entry
+        self.core.set_prefix_state(state, prefix, logits)
         return True
 
     def _score(self, prefix: list[int], suffixes: list[list[int]]) -> tuple[Any, Any, dict]:
         hit = self._restore_cached(prefix)
         logits, lse, stats = self.core.score(prefix, suffixes, self.letter_ids)
         if not hit and self.cache.worth_caching(prefix) and stats["prefix_reused"] == 0:
-            self.cache.put(prefix, self.core.get_prefix_state())
+            self.cache.put(prefix, self.core.get_prefix_state(), self.core.get_prefix_logits())
         stats["prefix_cache_hit"] = hit
         return logits, lse, stats
 
@@ -226,12 +242,13 @@ class DecisionEngine:
         ]
         fulls = [self.tokenize_prompt(r.text) for r in rendered]
         self._check_limits(questions, fulls)
-        prefix = self.tokenize_prompt(rendered[0].state_prefix)
-        proven = all(
-            r.state_prefix == rendered[0].state_prefix
-            and f[: len(prefix)] == prefix
-            and len(f) > len(prefix)
-            for r, f in zip(rendered, fulls)
+        state_tokens = self.tokenize_prompt(rendered[0].state_prefix)
+        prefix = shared_prefix(state_tokens, fulls)
+        boundary = len(state_tokens) - len(prefix)
+        proven = (
+            all(r.state_prefix == rendered[0].state_prefix for r in rendered)
+            and len(prefix) > 0
+            and boundary <= self.boundary_slack
         )
         rows: list[tuple[np.ndarray, float]] = []
         if proven:
@@ -244,6 +261,7 @@ class DecisionEngine:
                 "mode": "shared_prefix",
                 "prefix_proven": True,
                 "prefix_tokens": len(prefix),
+                "prefix_boundary_tokens": boundary,
                 "prefix_reused_tokens": stats["prefix_reused"],
                 "prefix_cache_hit": stats["prefix_cache_hit"],
                 "prefill_seconds": stats["prefill_seconds"],
@@ -264,6 +282,7 @@ class DecisionEngine:
                 "mode": "full_evaluation",
                 "prefix_proven": False,
                 "prefix_tokens": 0,
+                "prefix_boundary_tokens": boundary,
                 "prefix_reused_tokens": 0,
                 "prefix_cache_hit": False,
                 "prefill_seconds": prefill,
@@ -331,10 +350,27 @@ class DecisionEngine:
             body["prompt"] = s.prompt
         return body
 
+    def evaluate_checked(self, questions: Sequence[Question]) -> Evaluation:
+        """evaluate(), with llama.cpp failures turned into API errors."""
+        try:
+            return self.evaluate(questions)
+        except native.LlamaError as exc:
+            if exc.code == native.ERR_CONTEXT_OVERFLOW:
+                raise PayloadTooLarge(
+                    f"{exc}; shorten the state or raise SEMIF_CTX_SIZE",
+                    field="body",
+                    limit=self.core.n_ctx,
+                ) from None
+            log.error(
+                "engine failure",
+                extra={"event": "engine_error", "code": exc.code, "error": str(exc)},
+            )
+            raise EngineFailure(f"the decision engine failed: {exc}", code=exc.code) from None
+
     def decide(
         self, decisions: Sequence[Decision], paths: Sequence[str]
     ) -> tuple[list[dict], dict]:
-        evaluation = self.evaluate(self.questions_from(decisions, paths))
+        evaluation = self.evaluate_checked(self.questions_from(decisions, paths))
         bodies = [
             self.result_body(s, d, evaluation.timing) for s, d in zip(evaluation.scored, decisions)
         ]

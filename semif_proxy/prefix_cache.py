@@ -8,6 +8,8 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 
 def tokens_key(tokens: Sequence[int]) -> str:
     return hashlib.sha256(array("i", tokens).tobytes()).hexdigest()
@@ -22,7 +24,8 @@ class CacheStats:
 
 
 class PrefixCache:
-    """Maps the hash of a prefix's tokens to the serialized KV state of that prefix.
+    """Maps the hash of a prefix's tokens to the serialized KV state of that prefix and the
+    logits at its last position (kept so a restored prefix needs no re-evaluation at all).
 
     Not thread-safe on purpose: only the engine's single worker thread touches it.
     """
@@ -31,7 +34,7 @@ class PrefixCache:
         self.max_bytes = max_bytes
         self.min_tokens = min_tokens
         self.stats = CacheStats()
-        self._items: OrderedDict[str, tuple[tuple[int, ...], bytes]] = OrderedDict()
+        self._items: OrderedDict[str, tuple[tuple[int, ...], bytes, np.ndarray]] = OrderedDict()
         self._bytes = 0
 
     @property
@@ -48,7 +51,7 @@ class PrefixCache:
     def worth_caching(self, tokens: Sequence[int]) -> bool:
         return self.enabled and len(tokens) >= self.min_tokens
 
-    def get(self, tokens: Sequence[int]) -> bytes | None:
+    def get(self, tokens: Sequence[int]) -> tuple[bytes, np.ndarray] | None:
         key = tokens_key(tokens)
         item = self._items.get(key)
         if item is None or item[0] != tuple(tokens):
@@ -56,19 +59,24 @@ class PrefixCache:
             return None
         self._items.move_to_end(key)
         self.stats.hits += 1
-        return item[1]
+        return item[1], item[2]
 
-    def put(self, tokens: Sequence[int], state: bytes) -> None:
-        if len(state) > self.max_bytes:
+    @staticmethod
+    def _size(state: bytes, logits: np.ndarray) -> int:
+        return len(state) + int(logits.nbytes)
+
+    def put(self, tokens: Sequence[int], state: bytes, logits: np.ndarray) -> None:
+        size = self._size(state, logits)
+        if size > self.max_bytes:
             return
         key = tokens_key(tokens)
         old = self._items.pop(key, None)
         if old is not None:
-            self._bytes -= len(old[1])
-        self._items[key] = (tuple(tokens), state)
-        self._bytes += len(state)
+            self._bytes -= self._size(old[1], old[2])
+        self._items[key] = (tuple(tokens), state, logits)
+        self._bytes += size
         self.stats.stores += 1
         while self._bytes > self.max_bytes:
-            _, (_, dropped) = self._items.popitem(last=False)
-            self._bytes -= len(dropped)
+            _, (_, dropped, dropped_logits) = self._items.popitem(last=False)
+            self._bytes -= self._size(dropped, dropped_logits)
             self.stats.evictions += 1

@@ -66,6 +66,7 @@ def llama_server_url(model_path: Path):
     loop = asyncio.new_event_loop()
     server = LlamaServer(binary, model_path, free_port(),
                          ["--ctx-size", "2048", "--threads", "1", "--parallel", "1",
+                          "--flash-attn", "off",
                           "--n-gpu-layers", str(GPU_LAYERS)])
     loop.run_until_complete(server.start())
     try:
@@ -73,3 +74,37 @@ def llama_server_url(model_path: Path):
     finally:
         loop.run_until_complete(server.stop())
         loop.close()
+
+
+@pytest.fixture(scope="session")
+def proxy(model_path: Path, tmp_path_factory: pytest.TempPathFactory):
+    """One real semif-proxy (with its real llama-server) for the whole session."""
+    from tests.helpers.server import ProxyProcess
+
+    log_path = tmp_path_factory.mktemp("logs") / "proxy.log"
+    server = ProxyProcess(model_path, {"SEMIF_MAX_DECISIONS": "24"}, log_path=log_path).start()
+    server.log_path = log_path
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def tiny_boundary_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_tiny_model(tmp_path_factory.mktemp("tiny") / "boundary.gguf", boundary_merge=True)
+
+
+def engine_settings(model: Path, **overrides: object):
+    from semif_proxy.settings import load_settings
+
+    base = {"n_ctx": 4096, "n_threads": 2, "n_gpu_layers": GPU_LAYERS, "chat": False}
+    base.update(overrides)
+    return load_settings({}, model=str(model), **base)
+
+
+@pytest.fixture(scope="session")
+def decision_engine(model_path: Path):
+    from semif_proxy.engine import DecisionEngine
+
+    engine = DecisionEngine.load(engine_settings(model_path))
+    yield engine
+    engine.close()

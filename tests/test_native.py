@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from semif_proxy import _engine, native
+from tests.conftest import GPU_LAYERS
 
 PROMPT = "<|im_start|>user\nIs the sky blue? Answer yes or no.<|im_end|>\n<|im_start|>assistant\n"
 
@@ -63,12 +64,15 @@ def test_same_logits_fresh_copied_and_restored(engine: native.Engine) -> None:
     copied, copied_lse, stats = engine.score(prefix, [suffix, suffix[:3], suffix], ids, "copy")
     assert stats["decode_calls"] == 2  # one prefill, one batch for all three branches
     restored, restored_lse, _ = engine.score(prefix, [suffix, suffix[:3]], ids, "restore")
-    np.testing.assert_allclose(copied[0], fresh[0], atol=1e-4)
-    np.testing.assert_allclose(copied[2], fresh[0], atol=1e-4)
-    np.testing.assert_allclose(restored[0], fresh[0], atol=1e-4)
-    np.testing.assert_allclose(restored[1], copied[1], atol=1e-4)
-    assert abs(copied_lse[0] - fresh_lse[0]) < 1e-3
-    assert abs(restored_lse[0] - fresh_lse[0]) < 1e-3
+    # Bit-identical on the CPU (flash attention off, branch cells aligned); GPU kernels may
+    # differ in the last bits, hence the tolerance there.
+    tol = 0 if GPU_LAYERS == 0 else 1e-3
+    np.testing.assert_allclose(copied[0], fresh[0], atol=tol, rtol=0)
+    np.testing.assert_allclose(copied[2], fresh[0], atol=tol, rtol=0)
+    np.testing.assert_allclose(restored[0], fresh[0], atol=tol, rtol=0)
+    np.testing.assert_allclose(restored[1], copied[1], atol=tol, rtol=0)
+    assert abs(copied_lse[0] - fresh_lse[0]) <= tol + 1e-9
+    assert abs(restored_lse[0] - fresh_lse[0]) <= tol + 1e-9
 
 
 def test_many_suffixes_are_grouped_by_free_sequences(engine: native.Engine) -> None:
@@ -76,10 +80,11 @@ def test_many_suffixes_are_grouped_by_free_sequences(engine: native.Engine) -> N
     suffixes = [engine.tokenize(f" option {i}") for i in range(20)]
     logits, lse, stats = engine.score(prefix, suffixes, letter_ids(engine))
     assert logits.shape == (20, 4) and lse.shape == (20,)
-    # 7 branch sequences (n_seq=8): 20 suffixes need 3 suffix decodes after the prefill.
-    assert stats["decode_calls"] <= 1 + 3
+    # 6 branch sequences (n_seq=8, one kept for padding): 20 suffixes need 4 suffix decodes.
+    assert stats["decode_calls"] <= 1 + 4
+    assert stats["padding_tokens"] > 0
     alone, _, _ = engine.score(prefix, [suffixes[13]], letter_ids(engine))
-    np.testing.assert_allclose(alone[0], logits[13], atol=1e-4)
+    np.testing.assert_array_equal(alone[0], logits[13])
 
 
 def test_prefix_state_save_and_restore(engine: native.Engine) -> None:
@@ -87,14 +92,23 @@ def test_prefix_state_save_and_restore(engine: native.Engine) -> None:
     ids = letter_ids(engine)
     before, _, _ = engine.score(prefix, [[]], ids)
     state = engine.get_prefix_state()
+    logits = engine.get_prefix_logits()
+    assert logits.shape == (engine.n_vocab,)
     engine.reset()
-    engine.set_prefix_state(state, prefix)
+    engine.set_prefix_state(state, prefix, logits)
     after, _, stats = engine.score(prefix, [[]], ids)
-    assert stats["prefix_reused"] == len(prefix) - 1
-    np.testing.assert_allclose(after, before, atol=1e-4)
+    assert stats["prefix_reused"] == len(prefix) and stats["decode_calls"] == 0
+    np.testing.assert_array_equal(after, before)
+    suffix = engine.tokenize(" B")
+    restored, _, _ = engine.score(prefix, [suffix], ids)
+    engine.reset()
+    fresh, _, _ = engine.score(prefix, [suffix], ids)
+    np.testing.assert_array_equal(restored, fresh)  # bit-identical, not merely close
     with pytest.raises(native.LlamaError) as err:
-        engine.set_prefix_state(state, prefix[:-2])
+        engine.set_prefix_state(state, prefix[:-2], logits)
     assert err.value.code == _engine.ERR_STATE_FAILED
+    with pytest.raises(native.LlamaError, match="n_vocab"):
+        engine.set_prefix_state(state, prefix, logits[:10])
 
 
 def test_continuations_sum_token_logprobs(engine: native.Engine) -> None:

@@ -2,7 +2,8 @@
 
 Byte-level BPE vocabulary (all 256 bytes, so any text tokenizes), ChatML special tokens and a
 ChatML chat template. ``letter_merges=True`` adds merges that glue a newline to the capital
-letters, which breaks the "answer letter is its own token after the prompt" property.
+letters, which breaks the "answer letter is its own token after the prompt" property;
+``boundary_merge=True`` glues a quote to a comma, which breaks the state-prefix split.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ def write_tiny_model(
     *,
     seed: int = 0,
     letter_merges: bool = False,
+    boundary_merge: bool = False,
     chat_template: str | None = CHATML_TEMPLATE,
     n_embd: int = 64,
     n_layer: int = 2,
@@ -53,6 +55,11 @@ def write_tiny_model(
         for letter in "ABCDEFGHIJKLMNOPQRSTUVWXYZ":
             merges.append(f"{newline} {letter}")
             tokens.append(newline + letter)
+    if boundary_merge:
+        # '",' as one token: a string state's closing quote then merges with the next comma,
+        # so the state's tokens are no longer a prefix of the whole prompt's tokens.
+        merges.append(f"{table[ord(chr(34))]} {table[ord(',')]}")
+        tokens.append(table[34] + table[ord(",")])
     tokens.append("ab")
     tokens += SPECIALS
     types = [gguf.TokenType.NORMAL] * (len(tokens) - len(SPECIALS))

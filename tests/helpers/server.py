@@ -1,0 +1,100 @@
+"""A ServerProcess-style wrapper: the real `semif-proxy serve` on free loopback ports."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Reply:
+    status: int
+    headers: dict[str, str]
+    body: bytes
+
+    def json(self) -> Any:
+        return json.loads(self.body)
+
+
+class ProxyProcess:
+    def __init__(self, model: Path, env: dict[str, str] | None = None,
+                 log_path: Path | None = None) -> None:
+        self.port = free_port()
+        self.upstream_port = free_port()
+        self.model = model
+        self.env = {
+            **os.environ,
+            "SM_LLAMA_CPP_PORT": str(self.port),
+            "LLAMA_CPP_UPSTREAM_PORT": str(self.upstream_port),
+            "SEMIF_HOST": "127.0.0.1",
+            "SM_LLAMA_CPP_CTX_SIZE": "4096",
+            "SM_LLAMA_CPP_PARALLEL": "2",
+            "SEMIF_THREADS": "1",
+            "SEMIF_N_GPU_LAYERS": os.environ.get("SEMIF_TEST_GPU_LAYERS", "0"),
+            **(env or {}),
+        }
+        self.log_path = log_path
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, timeout: float = 120.0) -> ProxyProcess:
+        out = open(self.log_path, "wb") if self.log_path else subprocess.DEVNULL  # noqa: SIM115
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "semif_proxy.cli", "serve", "--model", str(self.model)],
+            env=self.env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+        )
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"semif-proxy exited with {self.proc.returncode} at start")
+            try:
+                if self.call("GET", "/ping", timeout=2).status == 200:
+                    return self
+            except OSError:
+                pass
+            time.sleep(0.2)
+        self.stop()
+        raise RuntimeError("semif-proxy did not become ready")
+
+    def call(self, method: str, path: str, body: Any = None, headers: dict[str, str] | None = None,
+             timeout: float = 60.0, raw: bytes | None = None) -> Reply:
+        data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
+        hdrs = {"Content-Type": "application/json"} if data is not None else {}
+        hdrs.update(headers or {})
+        req = urllib.request.Request(self.url + path, data=data, headers=hdrs, method=method)
+        try:
+            with urllib.request.urlopen(req, timeout=timeout) as resp:
+                return Reply(resp.status, dict(resp.headers), resp.read())
+        except urllib.error.HTTPError as err:
+            return Reply(err.code, dict(err.headers), err.read())
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 30.0) -> int | None:
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        return self.proc.returncode

@@ -1,0 +1,124 @@
+"""SM_LLAMA_CPP_* mapping, model discovery and settings validation."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from semif_proxy.llama_args import llama_server_args
+from semif_proxy.model_files import ModelNotFoundError, discover_model, model_sha256
+from semif_proxy.settings import SettingsError, load_settings
+
+
+@pytest.mark.parametrize(
+    ("env", "expected"),
+    [
+        ({"SM_LLAMA_CPP_N_GPU_LAYERS": "999"}, ["--n-gpu-layers", "999"]),
+        ({"SM_LLAMA_CPP_FLASH_ATTN": "true"}, ["--flash-attn"]),
+        ({"SM_LLAMA_CPP_FLASH_ATTN": "TRUE"}, ["--flash-attn"]),
+        ({"SM_LLAMA_CPP_NO_MMAP": ""}, ["--no-mmap"]),
+        ({"SM_LLAMA_CPP_EMBEDDINGS": "false"}, []),
+        ({"SM_LLAMA_CPP_EMBEDDINGS": "False"}, []),
+        ({"SM_LLAMA_CPP_MODEL": "m.gguf", "SM_LLAMA_CPP_MODEL_DIR": "/x",
+          "SM_LLAMA_CPP_PORT": "9"}, []),
+        ({"SM_LLAMA_CPP_ALIAS": "my model --api-key x"}, ["--alias", "my model --api-key x"]),
+        ({"SM_LLAMA_CPP_SYSTEM_PROMPT": "a\nb"}, ["--system-prompt", "a\nb"]),
+        ({"SM_LLAMA_CPP_CTX_SIZE": "4096", "SM_LLAMA_CPP_BATCH_SIZE": "512"},
+         ["--batch-size", "512", "--ctx-size", "4096"]),
+        ({"SEMIF_THREADS": "2", "OTHER": "1", "SM_LLAMA_CPP_": "x"}, []),
+    ],
+)
+def test_env_to_llama_server_args(env: dict[str, str], expected: list[str]) -> None:
+    assert llama_server_args(env) == expected
+
+
+def _touch(path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(b"GGUF")
+    return path
+
+
+def test_discovery_prefers_top_level_sorted(tmp_path: Path) -> None:
+    _touch(tmp_path / "sub" / "a.gguf")
+    _touch(tmp_path / "z.gguf")
+    _touch(tmp_path / "b.gguf")
+    assert discover_model(tmp_path) == tmp_path / "b.gguf"
+
+
+def test_discovery_one_level_down_and_first_shard(tmp_path: Path) -> None:
+    _touch(tmp_path / "m" / "big-00002-of-00003.gguf")
+    _touch(tmp_path / "m" / "big-00001-of-00003.gguf")
+    (tmp_path / "README.txt").write_text("x")
+    assert discover_model(tmp_path) == tmp_path / "m" / "big-00001-of-00003.gguf"
+
+
+def test_discovery_does_not_go_two_levels_down(tmp_path: Path) -> None:
+    _touch(tmp_path / "a" / "b" / "deep.gguf")
+    (tmp_path / "notes.md").write_text("x")
+    with pytest.raises(ModelNotFoundError, match="notes.md"):
+        discover_model(tmp_path)
+
+
+def test_missing_model_dir_names_the_variable(tmp_path: Path) -> None:
+    with pytest.raises(SettingsError, match="SM_LLAMA_CPP_MODEL_DIR"):
+        load_settings({"SM_LLAMA_CPP_MODEL_DIR": str(tmp_path / "nope")})
+
+
+def test_model_by_name_in_model_dir(tmp_path: Path) -> None:
+    model = _touch(tmp_path / "x.gguf")
+    settings = load_settings({"SM_LLAMA_CPP_MODEL_DIR": str(tmp_path), "SM_LLAMA_CPP_MODEL": "x.gguf"})
+    assert settings.model_path == model
+
+
+@pytest.mark.parametrize(
+    ("var", "value"),
+    [
+        ("SM_LLAMA_CPP_PORT", "eighty"),
+        ("SM_LLAMA_CPP_PORT", "70000"),
+        ("SEMIF_DECISIONS", "maybe"),
+        ("SEMIF_TEMPERATURE", "hot"),
+        ("SEMIF_TEMPERATURE", "-1"),
+        ("SEMIF_MAX_QUEUE", "-5"),
+        ("SEMIF_CTX_SIZE", "12"),
+        ("SEMIF_LOG_LEVEL", "LOUD"),
+    ],
+)
+def test_bad_values_name_the_variable(tmp_path: Path, var: str, value: str) -> None:
+    model = _touch(tmp_path / "m.gguf")
+    with pytest.raises(SettingsError, match=var):
+        load_settings({var: value}, model=str(model))
+
+
+def test_engine_settings_fall_back_to_sm_variables(tmp_path: Path) -> None:
+    model = _touch(tmp_path / "m.gguf")
+    env = {"SM_LLAMA_CPP_N_GPU_LAYERS": "12", "SM_LLAMA_CPP_CTX_SIZE": "2048",
+           "SM_LLAMA_CPP_THREADS": "3"}
+    s = load_settings(env, model=str(model))
+    assert (s.n_gpu_layers, s.n_ctx, s.n_threads) == (12, 2048, 3)
+    s = load_settings({**env, "SEMIF_N_GPU_LAYERS": "0", "SEMIF_CTX_SIZE": "1024"}, model=str(model))
+    assert (s.n_gpu_layers, s.n_ctx) == (0, 1024)
+    assert "--n-gpu-layers" in s.llama_server_args
+
+
+def test_temperature_forms(tmp_path: Path) -> None:
+    model = _touch(tmp_path / "m.gguf")
+    assert load_settings({"SEMIF_TEMPERATURE": "1.5"}, model=str(model)).temperature.for_type("noul") == 1.5
+    t = load_settings({"SEMIF_TEMPERATURE": '{"temperature": {"default": 2, "choice": 0.5}, "ece": 0.1}'},
+                      model=str(model)).temperature
+    assert (t.for_type("choice"), t.for_type("score")) == (0.5, 2.0)
+
+
+def test_secrets_are_masked(tmp_path: Path) -> None:
+    model = _touch(tmp_path / "m.gguf")
+    s = load_settings({"SEMIF_API_KEY": "hunter2"}, model=str(model))
+    assert s.public_dict()["api_key"] == "***" and "hunter2" not in repr(s)
+
+
+def test_sha256_is_cached_beside_the_model(tmp_path: Path) -> None:
+    model = _touch(tmp_path / "m.gguf")
+    first = model_sha256(model)
+    assert (tmp_path / "m.gguf.sha256.json").exists()
+    assert model_sha256(model) == first
+    model.write_bytes(b"GGUF2")
+    assert model_sha256(model) != first
