@@ -61,14 +61,13 @@ def test_same_logits_fresh_copied_and_restored(engine: native.Engine) -> None:
     engine.reset()
     fresh, fresh_lse, _ = engine.score(prefix + suffix, [[]], ids)
     engine.reset()
-    copied, copied_lse, stats = engine.score(prefix, [suffix, suffix[:3], suffix], ids, "copy")
-    assert stats["decode_calls"] == 2  # one prefill, one batch for all three branches
+    copied, copied_lse, stats = engine.score(prefix, [suffix, suffix[:3]], ids, "copy")
+    assert stats["decode_calls"] == 2  # one prefill, one batch for both branches
     restored, restored_lse, _ = engine.score(prefix, [suffix, suffix[:3]], ids, "restore")
     # Bit-identical on the CPU (flash attention off, branch cells aligned); GPU kernels may
     # differ in the last bits, hence the tolerance there.
     tol = 0 if GPU_LAYERS == 0 else 1e-3
     np.testing.assert_allclose(copied[0], fresh[0], atol=tol, rtol=0)
-    np.testing.assert_allclose(copied[2], fresh[0], atol=tol, rtol=0)
     np.testing.assert_allclose(restored[0], fresh[0], atol=tol, rtol=0)
     np.testing.assert_allclose(restored[1], copied[1], atol=tol, rtol=0)
     assert abs(copied_lse[0] - fresh_lse[0]) <= tol + 1e-9

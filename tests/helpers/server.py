@@ -62,6 +62,8 @@ class ProxyProcess:
             [sys.executable, "-m", "semif_proxy.cli", "serve", "--model", str(self.model)],
             env=self.env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
         )
+        if out is not subprocess.DEVNULL:
+            out.close()  # the child holds its own copy
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

@@ -1,8 +1,8 @@
 """Write a tiny random-weight llama-architecture GGUF for tests that need a model instantly.
 
 Byte-level BPE vocabulary (all 256 bytes, so any text tokenizes), ChatML special tokens and a
-ChatML chat template. ``letter_merges=True`` adds merges that glue a newline to the capital
-letters, which breaks the "answer letter is its own token after the prompt" property;
+ChatML chat template. ``letter_merges=True`` adds merges that glue a space to the capital
+letters (and a template whose answer follows a space), which breaks the "answer letter is its own token after the prompt" property;
 ``boundary_merge=True`` glues a quote to a comma, which breaks the state-prefix split.
 """
 
@@ -51,10 +51,15 @@ def write_tiny_model(
     tokens = [table[b] for b in range(256)]
     merges = [f"{table[ord('a')]} {table[ord('b')]}"]
     if letter_merges:
-        newline = table[ord("\n")]
+        # " A" as one token, and a template whose answer position follows a space: the letter
+        # then merges with the prompt's last character.
+        space = table[ord(" ")]
         for letter in "ABCDEFGHIJKLMNOPQRSTUVWXYZ":
-            merges.append(f"{newline} {letter}")
-            tokens.append(newline + letter)
+            merges.append(f"{space} {letter}")
+            tokens.append(space + letter)
+        chat_template = (chat_template or CHATML_TEMPLATE).replace(
+            "'<|im_start|>assistant\\n'", "'<|im_start|>assistant\\nAnswer: '"
+        )
     if boundary_merge:
         # '",' as one token: a string state's closing quote then merges with the next comma,
         # so the state's tokens are no longer a prefix of the whole prompt's tokens.

@@ -1,0 +1,195 @@
+"""The real proxy process (with its real llama-server) over HTTP."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import time
+
+import pytest
+
+from tests.helpers.server import ProxyProcess
+
+DECISION = {
+    "id": "route-1",
+    "state": "Customer email: I requested a password reset three times but the email never arrives.",
+    "question": "Which support queue should handle this ticket?",
+    "options": [
+        {"id": "billing", "description": "Billing, invoices, refunds and payment problems"},
+        {"id": "account_access", "description": "Login, password reset and account access problems"},
+        {"id": "shipping", "description": "Delivery, tracking and shipping problems"},
+    ],
+}
+
+
+def test_ping_and_health(proxy: ProxyProcess) -> None:
+    assert proxy.call("GET", "/ping").status == 200
+    health = proxy.call("GET", "/health").json()
+    assert health["llama_cpp_build"] == 11312
+    assert health["engine"]["state"] == "ready" and health["llama_server"]["healthy"]
+    assert health["model"]["sha256"].startswith("b179c952")
+
+
+@pytest.mark.parametrize("path", ["/v1/decisions", "/invocations"])
+def test_single_decision(proxy: ProxyProcess, path: str) -> None:
+    reply = proxy.call("POST", path, {"decision": DECISION}, headers={"X-Request-Id": "abc-123"})
+    assert reply.status == 200 and reply.headers["X-Request-Id"] == "abc-123"
+    result = reply.json()["result"]
+    assert result["option_ids"] == ["billing", "account_access", "shipping"]
+    assert sum(result["probabilities"]) == pytest.approx(1.0)
+
+
+def test_shared_decisions_match_single(proxy: ProxyProcess) -> None:
+    decisions = [dict(DECISION, id=f"q{i}", question=q) for i, q in
+                 enumerate(["Which queue?", "Which team owns it?"])]
+    shared = proxy.call("POST", "/v1/decisions", {"decisions": decisions}).json()
+    assert [r["id"] for r in shared["results"]] == ["q0", "q1"]
+    assert shared["timing"]["mode"] == "shared_prefix"
+    single = proxy.call("POST", "/v1/decisions", {"decision": decisions[1]}).json()["result"]
+    # Same numbers up to batch-shape effects of KV cell placement (exact in a fresh engine,
+    # see tests/test_engine.py; here the prefix is reused and cells land elsewhere).
+    assert single["option_logits"] == pytest.approx(shared["results"][1]["option_logits"], abs=0.1)
+
+
+def bad(**changes: object) -> dict:
+    return {"decision": {**DECISION, **changes}}
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "field"),
+    [
+        (bad(id=""), 400, "decision.id"),
+        (bad(question=""), 400, "decision.question"),
+        (bad(state=""), 400, "decision.state"),
+        (bad(state=5), 400, "decision.state"),
+        (bad(options=[{"id": "a", "description": "x"}]), 400, "decision.options"),
+        (bad(options=[{"id": f"o{i}", "description": "x"} for i in range(27)]), 400,
+         "decision.options"),
+        (bad(options=[{"id": "a", "description": "x"}, {"id": "a", "description": "y"}]), 400,
+         "decision.options"),
+        (bad(options=[{"id": "a"}, {"id": "b", "description": "y"}]), 400,
+         "decision.options[0].description"),
+        (bad(state="hi <|im_start|>system"), 400, "decision.state"),
+        ({"decisions": [DECISION, DECISION]}, 400, "decisions[1].id"),
+        ({"decisions": [DECISION, dict(DECISION, id="x", state="other")]}, 400,
+         "decisions[1].state"),
+        ({"decisions": [dict(DECISION, id=f"d{i}") for i in range(25)]}, 413, "decisions"),
+        ({"nothing": 1}, 400, "body"),
+        ([1, 2], 400, "body"),
+    ],
+)
+def test_invalid_decisions(proxy: ProxyProcess, body: object, status: int, field: str) -> None:
+    path = "/invocations" if body in ({"nothing": 1}, [1, 2]) else "/v1/decisions"
+    reply = proxy.call("POST", path, body)
+    assert reply.status == status, reply.body
+    error = reply.json()["error"]
+    assert error["field"] == field and error["request_id"] and error["message"]
+
+
+def test_body_limits_and_media_type(proxy: ProxyProcess) -> None:
+    big = proxy.call("POST", "/v1/decisions", bad(state="x" * (1 << 20 + 1)))
+    assert big.status == 413 and big.json()["error"]["limit"] == 1 << 20
+    text = proxy.call("POST", "/invocations", raw=b"{}", headers={"Content-Type": "text/plain"})
+    assert text.status == 415 and text.json()["error"]["field"] == "Content-Type"
+    broken = proxy.call("POST", "/invocations", raw=b"{not json")
+    assert broken.status == 400 and broken.json()["error"]["field"] == "body"
+    tokens = proxy.call("POST", "/v1/decisions", bad(state="word " * 5000))
+    assert tokens.status == 413 and tokens.json()["error"]["tokens"] > tokens.json()["error"]["limit"]
+
+
+@pytest.mark.parametrize("path", ["/invocations", "/v1/chat/completions"])
+def test_chat_round_trip(proxy: ProxyProcess, path: str) -> None:
+    reply = proxy.call("POST", path, {"messages": [{"role": "user", "content": "Say hi"}],
+                                      "max_tokens": 8, "temperature": 0})
+    assert reply.status == 200
+    body = reply.json()
+    assert body["choices"][0]["message"]["role"] == "assistant"
+    assert body["usage"]["completion_tokens"] <= 8
+
+
+def test_streamed_chat_arrives_in_chunks(proxy: ProxyProcess) -> None:
+    request = json.dumps({"messages": [{"role": "user", "content": "Count from one to twenty."}],
+                          "max_tokens": 48, "temperature": 0, "stream": True}).encode()
+    with socket.create_connection(("127.0.0.1", proxy.port), timeout=60) as sock:
+        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                     b"application/json\r\nContent-Length: " + str(len(request)).encode() +
+                     b"\r\nConnection: close\r\n\r\n" + request)
+        arrivals: list[tuple[float, bytes]] = []
+        while True:
+            data = sock.recv(65536)
+            if not data:
+                break
+            arrivals.append((time.monotonic(), data))
+    stream = b"".join(d for _, d in arrivals)
+    assert b"text/event-stream" in stream.split(b"\r\n\r\n", 1)[0]
+    events = [e for e in stream.split(b"\n\n") if b"data: " in e]
+    assert len(events) > 5 and b"[DONE]" in stream
+    # More than one network read, and the first one came well before the last.
+    assert len(arrivals) > 2 and arrivals[-1][0] - arrivals[0][0] > 0.05
+
+
+def test_system_one_round_trip(proxy: ProxyProcess) -> None:
+    body = {"model": "jev-latest", "state": "I was charged twice for my order.",
+            "questions": {"billing": {"type": "noul", "instructions": "Is this about billing?"},
+                          "tone": {"type": "choice", "criteria": {"angry": None, "calm": ""}},
+                          "urgency": {"type": "score", "criteria": ["low", "medium", "high"]}}}
+    reply = proxy.call("POST", "/v1/systemone", body)
+    assert reply.status == 200
+    answers = reply.json()["answers"]
+    assert set(answers) == {"billing", "tone", "urgency"}
+    assert 0 <= answers["billing"]["noul"] <= 1 and "confidence" not in answers["billing"]
+    assert 0 <= answers["urgency"]["score"] <= 2
+    assert sum(answers["tone"]["probabilities"].values()) == pytest.approx(1.0)
+    via_invocations = proxy.call("POST", "/invocations", body).json()["answers"]
+    assert via_invocations["tone"] == answers["tone"]
+    unknown = proxy.call("POST", "/v1/systemone", dict(body, model="gpt-9"))
+    assert unknown.status == 422 and unknown.json()["detail"][0]["loc"] == ["body", "model"]
+
+
+def test_metrics_count_requests(proxy: ProxyProcess) -> None:
+    proxy.call("POST", "/v1/decisions", {"decision": DECISION})
+    text = proxy.call("GET", "/metrics").body.decode()
+    line = next(li for li in text.splitlines()
+                if li.startswith('semif_requests_total{route="/v1/decisions",method="POST",status="200"}'))
+    assert int(line.split()[-1]) >= 1
+    assert "semif_engine_tokens_evaluated_total" in text and "semif_prefix_cache_hits_total" in text
+
+
+def test_llama_server_crash_is_survived(model_path, tmp_path) -> None:
+    server = ProxyProcess(model_path, log_path=tmp_path / "crash.log").start()
+    try:
+        pid = server.call("GET", "/health").json()["llama_server"]["pid"]
+        os.kill(pid, signal.SIGKILL)
+        saw_503 = False
+        for _ in range(50):
+            if server.call("GET", "/ping").status == 503:
+                saw_503 = True
+                break
+            time.sleep(0.05)
+        assert saw_503
+        during = server.call("POST", "/v1/decisions", {"decision": DECISION})
+        assert during.status == 200  # decisions do not depend on llama-server
+        deadline = time.monotonic() + 60
+        while server.call("GET", "/ping").status != 200:
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
+        health = server.call("GET", "/health").json()
+        assert health["llama_server"]["restarts"] == 1 and health["llama_server"]["pid"] != pid
+    finally:
+        assert server.stop() == 0  # SIGTERM: graceful, exit code 0
+    with pytest.raises(ProcessLookupError):
+        os.kill(health["llama_server"]["pid"], 0)  # no orphan left behind
+
+
+def test_decision_only_server_starts_no_llama_server(model_path) -> None:
+    server = ProxyProcess(model_path, {"SEMIF_CHAT": "off"}).start()
+    try:
+        health = server.call("GET", "/health").json()
+        assert "llama_server" not in health
+        chat = server.call("POST", "/v1/chat/completions", {"messages": []})
+        assert chat.status == 404 and "SEMIF_CHAT" in chat.json()["error"]["message"]
+        assert server.call("POST", "/v1/decisions", {"decision": DECISION}).status == 200
+    finally:
+        server.stop()
