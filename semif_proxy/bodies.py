@@ -24,7 +24,9 @@ async def read_limited(request: web.Request, limit: int) -> bytes:
     length = request.content_length
     if length is not None and length > limit:
         raise PayloadTooLarge(
-            f"body is {length} bytes, over the limit of {limit}", field="body", bytes=length,
+            f"body is {length} bytes, over the limit of {limit}",
+            field="body",
+            bytes=length,
             limit=limit,
         )
     chunks = bytearray()

@@ -12,8 +12,7 @@ from semif_proxy.metrics import Metrics
 from semif_proxy.settings import Settings
 
 if TYPE_CHECKING:
-    from semif_proxy.engine import DecisionEngine
-    from semif_proxy.llama_server import LlamaServer
+    pass
 
 SETTINGS = web.AppKey("settings", Settings)
 METRICS = web.AppKey("metrics", Metrics)

@@ -77,8 +77,15 @@ class LlamaServer:
         return self._healthy.is_set()
 
     def argv(self) -> list[str]:
-        args = [str(self.binary), "--model", str(self.model), "--host", self.host,
-                "--port", str(self.port)]
+        args = [
+            str(self.binary),
+            "--model",
+            str(self.model),
+            "--host",
+            self.host,
+            "--port",
+            str(self.port),
+        ]
         return args + self.extra_args
 
     async def start(self) -> None:
@@ -105,8 +112,10 @@ class LlamaServer:
             preexec_fn=_die_with_parent,
             env={**os.environ},
         )
-        log.info("llama-server started", extra={"event": "llama_server_start", "pid": self.process.pid,
-                                                "argv": self.argv()})
+        log.info(
+            "llama-server started",
+            extra={"event": "llama_server_start", "pid": self.process.pid, "argv": self.argv()},
+        )
         self._pumps = [asyncio.create_task(self._pump(self.process))]
 
     async def _pump(self, process: asyncio.subprocess.Process) -> None:
@@ -146,8 +155,10 @@ class LlamaServer:
             if self._stopping:
                 return
             self.state = "restarting"
-            log.warning("llama-server exited; restarting",
-                        extra={"event": "llama_server_exit", "code": code, "backoff": backoff})
+            log.warning(
+                "llama-server exited; restarting",
+                extra={"event": "llama_server_exit", "code": code, "backoff": backoff},
+            )
             await asyncio.sleep(backoff)
             try:
                 await self._spawn()
@@ -155,8 +166,10 @@ class LlamaServer:
                 self.restarts += 1
                 backoff = self.backoff_initial
             except (LlamaServerError, OSError) as exc:
-                log.error("llama-server restart failed", extra={"event": "llama_server_restart_failed",
-                                                                "error": str(exc)})
+                log.error(
+                    "llama-server restart failed",
+                    extra={"event": "llama_server_restart_failed", "error": str(exc)},
+                )
                 if self.process and self.process.returncode is None:
                     self.process.kill()
                 backoff = min(backoff * 2, self.backoff_max)

@@ -55,10 +55,17 @@ class Metrics:
                 lines.append(
                     f"semif_request_seconds_bucket{_fmt_labels(labels, (('le', str(bound)),))} {count}"
                 )
-            lines.append(f"semif_request_seconds_bucket{_fmt_labels(labels, (('le', '+Inf'),))} {counts[-1]}")
-            lines.append(f"semif_request_seconds_sum{_fmt_labels(labels)} {self.latency_sum[labels]}")
+            lines.append(
+                f"semif_request_seconds_bucket{_fmt_labels(labels, (('le', '+Inf'),))} {counts[-1]}"
+            )
+            lines.append(
+                f"semif_request_seconds_sum{_fmt_labels(labels)} {self.latency_sum[labels]}"
+            )
             lines.append(f"semif_request_seconds_count{_fmt_labels(labels)} {counts[-1]}")
-        lines += ["# TYPE semif_in_flight_requests gauge", f"semif_in_flight_requests {self.in_flight}"]
+        lines += [
+            "# TYPE semif_in_flight_requests gauge",
+            f"semif_in_flight_requests {self.in_flight}",
+        ]
         for name, fn in sorted(self.gauges.items()):
             lines.append(f"# TYPE {name} gauge")
             lines.append(f"{name} {fn()}")

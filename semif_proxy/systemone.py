@@ -168,14 +168,19 @@ def served_model_id(model_path: Path, sha256: str) -> str:
 
 
 def models_listing(model_path: Path, sha256: str) -> dict[str, Any]:
-    released = datetime.fromtimestamp(model_path.stat().st_mtime, tz=timezone.utc).date().isoformat()
+    released = (
+        datetime.fromtimestamp(model_path.stat().st_mtime, tz=timezone.utc).date().isoformat()
+    )
     served = served_model_id(model_path, sha256)
     description = f"{model_path.name} (sha256 {sha256[:12]}) served by semif-proxy"
     names = [served, *ALIASES]
     return {
         "models": [
-            {"name": n, "description": description if n == served else f"alias of {served}",
-             "release_date": released}
+            {
+                "name": n,
+                "description": description if n == served else f"alias of {served}",
+                "release_date": released,
+            }
             for n in names
         ]
     }

@@ -64,10 +64,23 @@ def llama_server_url(model_path: Path):
     binary = native.llama_server_path()
     assert binary is not None
     loop = asyncio.new_event_loop()
-    server = LlamaServer(binary, model_path, free_port(),
-                         ["--ctx-size", "2048", "--threads", "1", "--parallel", "1",
-                          "--flash-attn", "off",
-                          "--n-gpu-layers", str(GPU_LAYERS)])
+    server = LlamaServer(
+        binary,
+        model_path,
+        free_port(),
+        [
+            "--ctx-size",
+            "2048",
+            "--threads",
+            "1",
+            "--parallel",
+            "1",
+            "--flash-attn",
+            "off",
+            "--n-gpu-layers",
+            str(GPU_LAYERS),
+        ],
+    )
     loop.run_until_complete(server.start())
     try:
         yield server.base_url

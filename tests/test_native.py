@@ -55,7 +55,7 @@ def test_tokenize_round_trip_and_special_parsing(engine: native.Engine) -> None:
 
 def test_same_logits_fresh_copied_and_restored(engine: native.Engine) -> None:
     prefix = engine.tokenize(PROMPT[:40], add_special=True)
-    suffix = engine.tokenize(PROMPT, add_special=True)[len(prefix):]
+    suffix = engine.tokenize(PROMPT, add_special=True)[len(prefix) :]
     assert engine.tokenize(PROMPT, add_special=True) == prefix + suffix
     ids = letter_ids(engine)
     engine.reset()
@@ -127,10 +127,19 @@ def test_logits_match_llama_server(engine: native.Engine, llama_server_url: str)
     import json
     import urllib.request
 
-    body = json.dumps({"prompt": PROMPT, "n_predict": 1, "n_probs": 10, "temperature": 0,
-                       "cache_prompt": False, "post_sampling_probs": False}).encode()
-    req = urllib.request.Request(f"{llama_server_url}/completion", data=body,
-                                 headers={"Content-Type": "application/json"})
+    body = json.dumps(
+        {
+            "prompt": PROMPT,
+            "n_predict": 1,
+            "n_probs": 10,
+            "temperature": 0,
+            "cache_prompt": False,
+            "post_sampling_probs": False,
+        }
+    ).encode()
+    req = urllib.request.Request(
+        f"{llama_server_url}/completion", data=body, headers={"Content-Type": "application/json"}
+    )
     with urllib.request.urlopen(req, timeout=60) as resp:
         data = json.load(resp)
     top = data["completion_probabilities"][0]["top_logprobs"]
@@ -161,7 +170,9 @@ def test_decode_releases_the_gil(engine: native.Engine) -> None:
     assert ticks > 5
 
 
-def test_llama_logs_reach_python_logging(tiny_model: Path, caplog: pytest.LogCaptureFixture) -> None:
+def test_llama_logs_reach_python_logging(
+    tiny_model: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     with caplog.at_level(logging.DEBUG, logger="semif_proxy.llama"):
         native.Engine(str(tiny_model), n_ctx=256, n_threads=1)
     assert any(r.name == "semif_proxy.llama" for r in caplog.records)

@@ -36,7 +36,9 @@ def test_chatml_fallback_renders_system_user_and_generation_prompt() -> None:
 def test_json_state_is_kept_as_json_and_prefix_ends_after_it() -> None:
     state = {"order": {"id": 17, "items": ["lamp"]}, "note": "ünïcode"}
     rendered = render_decision(ChatTemplate(None), state, "Refund?", ["yes", "no"])
-    assert '{"evidence": {"order": {"id": 17, "items": ["lamp"]}, "note": "ünïcode"}' in rendered.text
+    assert (
+        '{"evidence": {"order": {"id": 17, "items": ["lamp"]}, "note": "ünïcode"}' in rendered.text
+    )
     assert rendered.text.startswith(rendered.state_prefix)
     assert rendered.state_prefix.endswith(json.dumps(state, ensure_ascii=False))
     other = render_decision(ChatTemplate(None), state, "Other question", ["a", "b", "c"])

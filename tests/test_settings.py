@@ -20,12 +20,20 @@ from semif_proxy.settings import SettingsError, load_settings
         ({"SM_LLAMA_CPP_NO_MMAP": ""}, ["--no-mmap"]),
         ({"SM_LLAMA_CPP_EMBEDDINGS": "false"}, []),
         ({"SM_LLAMA_CPP_EMBEDDINGS": "False"}, []),
-        ({"SM_LLAMA_CPP_MODEL": "m.gguf", "SM_LLAMA_CPP_MODEL_DIR": "/x",
-          "SM_LLAMA_CPP_PORT": "9"}, []),
+        (
+            {
+                "SM_LLAMA_CPP_MODEL": "m.gguf",
+                "SM_LLAMA_CPP_MODEL_DIR": "/x",
+                "SM_LLAMA_CPP_PORT": "9",
+            },
+            [],
+        ),
         ({"SM_LLAMA_CPP_ALIAS": "my model --api-key x"}, ["--alias", "my model --api-key x"]),
         ({"SM_LLAMA_CPP_SYSTEM_PROMPT": "a\nb"}, ["--system-prompt", "a\nb"]),
-        ({"SM_LLAMA_CPP_CTX_SIZE": "4096", "SM_LLAMA_CPP_BATCH_SIZE": "512"},
-         ["--batch-size", "512", "--ctx-size", "4096"]),
+        (
+            {"SM_LLAMA_CPP_CTX_SIZE": "4096", "SM_LLAMA_CPP_BATCH_SIZE": "512"},
+            ["--batch-size", "512", "--ctx-size", "4096"],
+        ),
         ({"SEMIF_THREADS": "2", "OTHER": "1", "SM_LLAMA_CPP_": "x"}, []),
     ],
 )
@@ -67,7 +75,9 @@ def test_missing_model_dir_names_the_variable(tmp_path: Path) -> None:
 
 def test_model_by_name_in_model_dir(tmp_path: Path) -> None:
     model = _touch(tmp_path / "x.gguf")
-    settings = load_settings({"SM_LLAMA_CPP_MODEL_DIR": str(tmp_path), "SM_LLAMA_CPP_MODEL": "x.gguf"})
+    settings = load_settings(
+        {"SM_LLAMA_CPP_MODEL_DIR": str(tmp_path), "SM_LLAMA_CPP_MODEL": "x.gguf"}
+    )
     assert settings.model_path == model
 
 
@@ -92,20 +102,30 @@ def test_bad_values_name_the_variable(tmp_path: Path, var: str, value: str) -> N
 
 def test_engine_settings_fall_back_to_sm_variables(tmp_path: Path) -> None:
     model = _touch(tmp_path / "m.gguf")
-    env = {"SM_LLAMA_CPP_N_GPU_LAYERS": "12", "SM_LLAMA_CPP_CTX_SIZE": "2048",
-           "SM_LLAMA_CPP_THREADS": "3"}
+    env = {
+        "SM_LLAMA_CPP_N_GPU_LAYERS": "12",
+        "SM_LLAMA_CPP_CTX_SIZE": "2048",
+        "SM_LLAMA_CPP_THREADS": "3",
+    }
     s = load_settings(env, model=str(model))
     assert (s.n_gpu_layers, s.n_ctx, s.n_threads) == (12, 2048, 3)
-    s = load_settings({**env, "SEMIF_N_GPU_LAYERS": "0", "SEMIF_CTX_SIZE": "1024"}, model=str(model))
+    s = load_settings(
+        {**env, "SEMIF_N_GPU_LAYERS": "0", "SEMIF_CTX_SIZE": "1024"}, model=str(model)
+    )
     assert (s.n_gpu_layers, s.n_ctx) == (0, 1024)
     assert "--n-gpu-layers" in s.llama_server_args
 
 
 def test_temperature_forms(tmp_path: Path) -> None:
     model = _touch(tmp_path / "m.gguf")
-    assert load_settings({"SEMIF_TEMPERATURE": "1.5"}, model=str(model)).temperature.for_type("noul") == 1.5
-    t = load_settings({"SEMIF_TEMPERATURE": '{"temperature": {"default": 2, "choice": 0.5}, "ece": 0.1}'},
-                      model=str(model)).temperature
+    assert (
+        load_settings({"SEMIF_TEMPERATURE": "1.5"}, model=str(model)).temperature.for_type("noul")
+        == 1.5
+    )
+    t = load_settings(
+        {"SEMIF_TEMPERATURE": '{"temperature": {"default": 2, "choice": 0.5}, "ece": 0.1}'},
+        model=str(model),
+    ).temperature
     assert (t.for_type("choice"), t.for_type("score")) == (0.5, 2.0)
 
 

@@ -32,7 +32,9 @@ async def run_on_engine(request: web.Request, fn: Any) -> Any:
     try:
         return await asyncio.wait_for(engine.run(fn), timeout)
     except asyncio.TimeoutError:
-        raise Timeout(f"the decision took longer than {timeout:g}s (SEMIF_REQUEST_TIMEOUT)") from None
+        raise Timeout(
+            f"the decision took longer than {timeout:g}s (SEMIF_REQUEST_TIMEOUT)"
+        ) from None
 
 
 async def answer_decisions(request: web.Request, body: dict[str, Any]) -> web.Response:
@@ -50,7 +52,9 @@ async def answer_decisions(request: web.Request, body: dict[str, Any]) -> web.Re
         raise PayloadTooLarge(
             f"decisions: {len(shared.decisions)} decisions, over the limit of "
             f"{settings.max_decisions} (SEMIF_MAX_DECISIONS)",
-            field="decisions", count=len(shared.decisions), limit=settings.max_decisions,
+            field="decisions",
+            count=len(shared.decisions),
+            limit=settings.max_decisions,
         )
     check_shared(shared)
     paths = [f"decisions[{i}]" for i in range(len(shared.decisions))]

@@ -38,8 +38,9 @@ async def _status(app: web.Application, live: bool) -> tuple[bool, dict[str, Any
 
 async def ping(request: web.Request) -> web.Response:
     ready, parts = await _status(request.app, live=True)
-    return web.json_response({"status": "ok" if ready else "unavailable", **parts},
-                             status=200 if ready else 503)
+    return web.json_response(
+        {"status": "ok" if ready else "unavailable", **parts}, status=200 if ready else 503
+    )
 
 
 async def health(request: web.Request) -> web.Response:
@@ -69,7 +70,9 @@ def register_gauges(app: web.Application) -> None:
     def engine_attr(fn: Any) -> Any:
         return lambda: float(fn(app[ENGINE])) if app.get(ENGINE) is not None else 0.0
 
-    metrics.gauge("semif_engine_tokens_evaluated_total", engine_attr(lambda e: e.core.tokens_evaluated))
+    metrics.gauge(
+        "semif_engine_tokens_evaluated_total", engine_attr(lambda e: e.core.tokens_evaluated)
+    )
     metrics.gauge("semif_prefix_cache_hits_total", engine_attr(lambda e: e.cache.stats.hits))
     metrics.gauge("semif_prefix_cache_misses_total", engine_attr(lambda e: e.cache.stats.misses))
     metrics.gauge("semif_prefix_cache_bytes", engine_attr(lambda e: e.cache.size_bytes))
@@ -85,5 +88,9 @@ def register_gauges(app: web.Application) -> None:
 
 
 async def metrics(request: web.Request) -> web.Response:
-    return web.Response(text=request.app[METRICS].render(), content_type="text/plain",
-                        charset="utf-8", headers={"X-Content-Type-Options": "nosniff"})
+    return web.Response(
+        text=request.app[METRICS].render(),
+        content_type="text/plain",
+        charset="utf-8",
+        headers={"X-Content-Type-Options": "nosniff"},
+    )

@@ -19,13 +19,22 @@ log = logging.getLogger("semif_proxy.proxy")
 HOP_BY_HOP = frozenset(
     h.lower()
     for h in (
-        "Connection", "Keep-Alive", "Proxy-Authenticate", "Proxy-Authorization", "TE", "Trailer",
-        "Transfer-Encoding", "Upgrade", "Host", "Content-Length", "Content-Encoding",
+        "Connection",
+        "Keep-Alive",
+        "Proxy-Authenticate",
+        "Proxy-Authorization",
+        "TE",
+        "Trailer",
+        "Transfer-Encoding",
+        "Upgrade",
+        "Host",
+        "Content-Length",
+        "Content-Encoding",
     )
 )
 
 
-def _forward_headers(headers: "aiohttp.typedefs.LooseHeaders") -> dict[str, str]:
+def _forward_headers(headers: aiohttp.typedefs.LooseHeaders) -> dict[str, str]:
     return {k: v for k, v in headers.items() if k.lower() not in HOP_BY_HOP}  # type: ignore[union-attr]
 
 
@@ -48,24 +57,29 @@ def _sse_error(message: str) -> bytes:
     return f"data: {json.dumps(payload)}\n\n".encode()
 
 
-async def forward(
-    request: web.Request, body: bytes, path: str | None = None
-) -> web.StreamResponse:
+async def forward(request: web.Request, body: bytes, path: str | None = None) -> web.StreamResponse:
     """Send the request to llama-server and relay the answer chunk by chunk as it arrives."""
     require_upstream(request)
     session = request.app[UPSTREAM]
     headers = _forward_headers(request.headers)
-    timeout = aiohttp.ClientTimeout(total=None, sock_connect=5,
-                                    sock_read=request.app[SETTINGS].request_timeout)
+    timeout = aiohttp.ClientTimeout(
+        total=None, sock_connect=5, sock_read=request.app[SETTINGS].request_timeout
+    )
     try:
         upstream = await session.request(
-            request.method, _upstream_url(request, path), data=body or None, headers=headers,
-            timeout=timeout, allow_redirects=False,
+            request.method,
+            _upstream_url(request, path),
+            data=body or None,
+            headers=headers,
+            timeout=timeout,
+            allow_redirects=False,
         )
     except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as exc:
         raise UpstreamError(f"llama-server did not answer: {exc.__class__.__name__}") from None
     streaming = upstream.headers.get("Content-Type", "").startswith("text/event-stream")
-    response = web.StreamResponse(status=upstream.status, headers=_forward_headers(upstream.headers))
+    response = web.StreamResponse(
+        status=upstream.status, headers=_forward_headers(upstream.headers)
+    )
     response.headers["X-Request-Id"] = request[REQUEST_ID]
     try:
         if not streaming:
@@ -86,11 +100,14 @@ async def forward(
                 # write() waits for the socket to drain: the client's pace is the upstream's.
                 await response.write(chunk)
         except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
-            log.warning("upstream stream broke", extra={"request_id": request[REQUEST_ID],
-                                                        "error": exc.__class__.__name__})
+            log.warning(
+                "upstream stream broke",
+                extra={"request_id": request[REQUEST_ID], "error": exc.__class__.__name__},
+            )
             with contextlib.suppress(ConnectionError, RuntimeError):
-                await response.write(_sse_error(f"llama-server failed mid-stream: "
-                                                f"{exc.__class__.__name__}"))
+                await response.write(
+                    _sse_error(f"llama-server failed mid-stream: {exc.__class__.__name__}")
+                )
         with contextlib.suppress(ConnectionError, RuntimeError):
             await response.write_eof()
         return response

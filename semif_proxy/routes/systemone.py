@@ -32,7 +32,9 @@ async def answer(request: web.Request, body: dict[str, Any]) -> web.Response:
         raise PayloadTooLarge(
             f"questions: {len(parsed.questions)} questions, over the limit of "
             f"{settings.max_decisions} (SEMIF_MAX_DECISIONS)",
-            field="questions", count=len(parsed.questions), limit=settings.max_decisions,
+            field="questions",
+            count=len(parsed.questions),
+            limit=settings.max_decisions,
         )
     specs = [systemone.build_spec(qid, q) for qid, q in parsed.questions.items()]
     k = parsed.permutations or settings.permutations

@@ -33,8 +33,9 @@ class Reply:
 
 
 class ProxyProcess:
-    def __init__(self, model: Path, env: dict[str, str] | None = None,
-                 log_path: Path | None = None) -> None:
+    def __init__(
+        self, model: Path, env: dict[str, str] | None = None, log_path: Path | None = None
+    ) -> None:
         self.port = free_port()
         self.upstream_port = free_port()
         self.model = model
@@ -60,7 +61,10 @@ class ProxyProcess:
         out = open(self.log_path, "wb") if self.log_path else subprocess.DEVNULL  # noqa: SIM115
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "semif_proxy.cli", "serve", "--model", str(self.model)],
-            env=self.env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+            env=self.env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
         if out is not subprocess.DEVNULL:
             out.close()  # the child holds its own copy
@@ -77,8 +81,15 @@ class ProxyProcess:
         self.stop()
         raise RuntimeError("semif-proxy did not become ready")
 
-    def call(self, method: str, path: str, body: Any = None, headers: dict[str, str] | None = None,
-             timeout: float = 60.0, raw: bytes | None = None) -> Reply:
+    def call(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        headers: dict[str, str] | None = None,
+        timeout: float = 60.0,
+        raw: bytes | None = None,
+    ) -> Reply:
         data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
         hdrs = {"Content-Type": "application/json"} if data is not None else {}
         hdrs.update(headers or {})
