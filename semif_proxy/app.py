@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import logging
+import os
 from collections.abc import AsyncIterator
 
 import aiohttp
@@ -56,8 +57,6 @@ async def _llama_ctx(app: web.Application) -> AsyncIterator[None]:
         args = list(settings.llama_server_args)
         if not any(a in args for a in ("--threads", "-t")) and settings.decisions:
             # Leave the engine its cores: the two must not fight over the same ones.
-            import os
-
             spare = max(1, (os.cpu_count() or 1) - settings.engine_threads)
             args += ["--threads", str(spare)]
         server = LlamaServer(binary, settings.model_path, settings.upstream_port, args)

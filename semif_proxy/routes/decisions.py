@@ -37,6 +37,15 @@ async def run_on_engine(request: web.Request, fn: Any) -> Any:
         ) from None
 
 
+def check_count(count: int, field: str, limit: int) -> None:
+    """Decisions and System One questions share one per-request limit (SEMIF_MAX_DECISIONS)."""
+    if count > limit:
+        raise PayloadTooLarge(
+            f"{field}: {count} {field}, over the limit of {limit} (SEMIF_MAX_DECISIONS)",
+            field=field, count=count, limit=limit,
+        )
+
+
 async def answer_decisions(request: web.Request, body: dict[str, Any]) -> web.Response:
     engine = require_engine(request)
     settings = request.app[SETTINGS]
@@ -48,14 +57,7 @@ async def answer_decisions(request: web.Request, body: dict[str, Any]) -> web.Re
         request["tokens"] = results[0]["input_tokens"]
         return web.json_response({"result": results[0]})
     shared = parse(SharedRequest, body)
-    if len(shared.decisions) > settings.max_decisions:
-        raise PayloadTooLarge(
-            f"decisions: {len(shared.decisions)} decisions, over the limit of "
-            f"{settings.max_decisions} (SEMIF_MAX_DECISIONS)",
-            field="decisions",
-            count=len(shared.decisions),
-            limit=settings.max_decisions,
-        )
+    check_count(len(shared.decisions), "decisions", settings.max_decisions)
     check_shared(shared)
     paths = [f"decisions[{i}]" for i in range(len(shared.decisions))]
     results, timing = await run_on_engine(request, lambda: engine.decide(shared.decisions, paths))

@@ -9,10 +9,10 @@ from aiohttp import web
 from semif_proxy import systemone
 from semif_proxy.bodies import read_json_object
 from semif_proxy.engine import Question
-from semif_proxy.errors import InvalidRequest, PayloadTooLarge
+from semif_proxy.errors import InvalidRequest
 from semif_proxy.keys import DECISION_ADMISSION, SETTINGS
 from semif_proxy.routes import proxy
-from semif_proxy.routes.decisions import require_engine, run_on_engine
+from semif_proxy.routes.decisions import check_count, require_engine, run_on_engine
 
 
 def _loc(field: str) -> list[str | int]:
@@ -28,14 +28,7 @@ async def answer(request: web.Request, body: dict[str, Any]) -> web.Response:
         raise systemone.schema_error(
             ["model"], f"unknown model {parsed.model!r}; available: {[served, *systemone.ALIASES]}"
         )
-    if len(parsed.questions) > settings.max_decisions:
-        raise PayloadTooLarge(
-            f"questions: {len(parsed.questions)} questions, over the limit of "
-            f"{settings.max_decisions} (SEMIF_MAX_DECISIONS)",
-            field="questions",
-            count=len(parsed.questions),
-            limit=settings.max_decisions,
-        )
+    check_count(len(parsed.questions), "questions", settings.max_decisions)
     specs = [systemone.build_spec(qid, q) for qid, q in parsed.questions.items()]
     k = parsed.permutations or settings.permutations
     plans = []
