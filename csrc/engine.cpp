@@ -40,6 +40,11 @@ void check_gguf_file(const std::string& path) {
 
 }  // namespace
 
+size_t attention_cell_align() {
+    const std::string info = llama_print_system_info();
+    return info.find("AVX512 = 1") != std::string::npos ? 64 : 32;
+}
+
 Engine::Engine(const EngineConfig& config) : config_(config) {
     if (config.n_ctx < 8) throw LlamaError(kBadArgument, "n_ctx must be at least 8");
     if (config.n_seq < 3) throw LlamaError(kBadArgument, "n_seq must be at least 3");
@@ -79,6 +84,7 @@ Engine::Engine(const EngineConfig& config) : config_(config) {
     n_ctx_ = static_cast<int32_t>(llama_n_ctx(ctx_.get()));
     n_batch_ = static_cast<int32_t>(llama_n_batch(ctx_.get()));
     n_seq_ = static_cast<int32_t>(llama_n_seq_max(ctx_.get()));
+    cell_align_ = attention_cell_align();
 }
 
 llama_token Engine::bos() const { return llama_vocab_bos(vocab_); }
@@ -182,11 +188,14 @@ void Engine::check_token_ids(const std::vector<llama_token>& tokens, const char*
     }
 }
 
-void Engine::check_fits(size_t prefix, size_t longest_suffix) const {
-    if (prefix + longest_suffix > static_cast<size_t>(n_ctx_)) {
+void Engine::check_fits(size_t prefix, size_t suffix, size_t n_branches) const {
+    // A branch may need up to cell_align_ - 1 filler cells before it (see decode_branches).
+    const size_t filler = n_branches * (cell_align_ - 1);
+    if (prefix + suffix + filler > static_cast<size_t>(n_ctx_)) {
         throw LlamaError(kContextOverflow,
-                         "prompt needs " + std::to_string(prefix + longest_suffix) +
-                             " tokens but the context holds " + std::to_string(n_ctx_));
+                         "prompt needs " + std::to_string(prefix + suffix) + " tokens (+" +
+                             std::to_string(filler) +
+                             " alignment cells) but the context holds " + std::to_string(n_ctx_));
     }
 }
 
@@ -264,24 +273,25 @@ void Engine::decode_branches(const std::vector<Branch>& branches, size_t prefix_
         batch.clear();
     };
 
-    // Each branch's KV cells start at the same offset modulo kCellAlign as they would if it
-    // were decoded alone. The attention dot products then sum in the same SIMD lanes, so a
-    // question asked in a shared request gets bit-identical logits to the same question asked
-    // alone. Filler tokens go to a sequence nobody attends to and are removed afterwards.
+    // Every branch's KV cells start on a multiple of cell_align_, right after the prefix's
+    // cells [0, prefix_len). The CPU attention kernels sum the softmax in 8/16-cell float chunks
+    // and the value product in 32/64-lane steps; a suffix that started mid-chunk would share a
+    // chunk with prefix cells in one layout and not in another, and the last bits of the sums
+    // would differ (activation quantisation then amplifies that to ~0.1 in the logits). Aligned,
+    // a question gets bit-identical logits alone, in a shared request, after a prefix reuse or a
+    // cache restore. Filler tokens go to a sequence nobody attends to and are removed afterwards.
     const llama_seq_id pad_seq = n_seq_ - 1;
-    size_t cells = 0;
+    size_t cells = prefix_len;
     llama_pos pad_pos = 0;
     for (size_t b = 0; b < branches.size(); ++b) {
         const Branch& br = branches[b];
-        if (branches.size() > 1) {
-            const size_t pad = (kCellAlign - cells % kCellAlign) % kCellAlign;
-            for (size_t i = 0; i < pad; ++i) {
-                batch.add(0, pad_pos++, pad_seq, false);
-                if (batch.full()) flush();
-            }
-            cells += pad;
-            stats.padding_tokens += static_cast<int32_t>(pad);
+        const size_t pad = (cell_align_ - cells % cell_align_) % cell_align_;
+        for (size_t i = 0; i < pad; ++i) {
+            batch.add(0, pad_pos++, pad_seq, false);
+            if (batch.full()) flush();
         }
+        cells += pad;
+        stats.padding_tokens += static_cast<int32_t>(pad);
         if (br.seq != 0) llama_memory_seq_cp(mem, 0, br.seq, -1, -1);
         const auto& toks = *br.tokens;
         for (size_t t = 0; t < toks.size(); ++t) {
@@ -322,7 +332,7 @@ ScoreResult Engine::score(const std::vector<llama_token>& prefix,
         check_token_ids(s, "suffix");
         longest = std::max(longest, s.size());
     }
-    check_fits(prefix.size(), longest);
+    check_fits(prefix.size(), longest, longest > 0 ? 1 : 0);
 
     ScoreResult result;
     result.n_rows = static_cast<int32_t>(suffixes.size());
@@ -361,10 +371,10 @@ ScoreResult Engine::score(const std::vector<llama_token>& prefix,
         size_t cells = 0;
         while (next < pending.size() && group.size() < static_cast<size_t>(n_seq_ - 2)) {
             const auto& s = suffixes[pending[next]];
-            if (!group.empty() && cells + s.size() + kCellAlign > free_cells) break;
+            if (!group.empty() && cells + s.size() + cell_align_ > free_cells) break;
             group.push_back(Branch{static_cast<llama_seq_id>(group.size() + 1), &s, false});
             rows.push_back(pending[next]);
-            cells += s.size() + kCellAlign;
+            cells += s.size() + cell_align_;
             ++next;
         }
         auto grouped = [&](size_t b, size_t t, const float* row) { sink(rows[b], t, row); };
@@ -440,7 +450,7 @@ ContinuationResult Engine::score_continuations(
         check_token_ids(c, "continuation");
         total += c.size();
     }
-    check_fits(prefix.size(), total);
+    check_fits(prefix.size(), total, std::min<size_t>(conts.size(), n_seq_ - 2));
 
     ContinuationResult result;
     result.logprob.assign(conts.size(), 0.0);

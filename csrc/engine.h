@@ -74,8 +74,10 @@ struct ContinuationResult {
     ScoreStats stats;
 };
 
-// KV cell alignment of branches; a multiple of the widest f16 dot-product step (AVX-512: 64).
-constexpr size_t kCellAlign = 64;
+// Branch suffixes start on KV cells that are multiples of this (see decode_branches). It covers
+// the CPU attention kernels' summation blocks: 8-float softmax chunks and 32-element f16
+// dot-product steps with AVX2, twice that with AVX-512.
+size_t attention_cell_align();
 
 class Engine {
 public:
@@ -86,6 +88,7 @@ public:
     int32_t n_seq() const { return n_seq_; }
     int32_t n_batch() const { return n_batch_; }
     int32_t n_threads() const { return n_threads_; }
+    int32_t cell_align() const { return static_cast<int32_t>(cell_align_); }
     const EngineConfig& config() const { return config_; }
     llama_token bos() const;
     llama_token eos() const;
@@ -127,7 +130,7 @@ private:
     using LogitsSink = std::function<void(size_t branch, size_t token_index, const float* row)>;
 
     void check_token_ids(const std::vector<llama_token>& tokens, const char* what) const;
-    void check_fits(size_t prefix, size_t longest_suffix) const;
+    void check_fits(size_t prefix, size_t suffix, size_t n_branches) const;
     int32_t ensure_prefix(const std::vector<llama_token>& prefix, ScoreStats& stats);
     void decode_or_throw(const Batch& batch, const char* what);
     void decode_branches(const std::vector<Branch>& branches, size_t prefix_len,
@@ -147,6 +150,7 @@ private:
     int32_t n_seq_ = 0;
     int32_t n_batch_ = 0;
     int32_t n_threads_ = 0;
+    size_t cell_align_ = 64;
     std::vector<llama_token> seq0_;    // tokens currently held by sequence 0
     std::vector<float> prefix_logits_; // full-vocabulary logits at the prefix's last position
     uint64_t tokens_evaluated_ = 0;

@@ -102,6 +102,7 @@ PYBIND11_MODULE(_engine, m) {
         .def_property_readonly("n_seq", &Engine::n_seq)
         .def_property_readonly("n_batch", &Engine::n_batch)
         .def_property_readonly("n_threads", &Engine::n_threads)
+        .def_property_readonly("cell_align", &Engine::cell_align)
         .def_property_readonly("n_gpu_layers", [](const Engine& e) { return e.config().n_gpu_layers; })
         .def_property_readonly("model_path", [](const Engine& e) { return e.config().model_path; })
         .def_property_readonly("bos", &Engine::bos)
