@@ -23,7 +23,8 @@ $(VENV)/.deps: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "scikit-build-core>=0.10" "pybind11>=2.12" \
-	  aiohttp jinja2 numpy pydantic gguf hypothesis pytest pytest-aiohttp pytest-timeout ruff
+	  "aiohttp>=3.12" "backports.zstd>=1.0" jinja2 numpy pydantic gguf hypothesis pytest \
+	  pytest-aiohttp pytest-timeout ruff "typesafe-sdk[zstd]==0.7.5"
 	touch $@
 
 $(LLAMA_ROOT)/src.sha256:

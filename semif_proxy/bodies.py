@@ -6,6 +6,7 @@ import json
 from typing import Any
 
 from aiohttp import web
+from aiohttp.web_protocol import RequestPayloadError
 
 from semif_proxy.errors import InvalidRequest, PayloadTooLarge, UnsupportedMediaType
 
@@ -30,12 +31,23 @@ async def read_limited(request: web.Request, limit: int) -> bytes:
             limit=limit,
         )
     chunks = bytearray()
-    async for chunk in request.content.iter_chunked(64 * 1024):
-        chunks += chunk
-        if len(chunks) > limit:
-            raise PayloadTooLarge(
-                f"body is over the limit of {limit} bytes", field="body", limit=limit
-            )
+    try:
+        # aiohttp decompresses Content-Encoding (gzip, deflate, zstd) as it reads; the limit
+        # applies to the decompressed bytes, so a small compressed bomb stops early too.
+        async for chunk in request.content.iter_chunked(64 * 1024):
+            chunks += chunk
+            if len(chunks) > limit:
+                raise PayloadTooLarge(
+                    f"body is over the limit of {limit} bytes (after decompression)",
+                    field="body",
+                    limit=limit,
+                )
+    except RequestPayloadError as exc:
+        encoding = request.headers.get("Content-Encoding", "identity")
+        raise InvalidRequest(
+            f"body could not be read (Content-Encoding: {encoding}): {exc.__cause__ or exc}",
+            field="body",
+        ) from None
     return bytes(chunks)
 
 

@@ -1,4 +1,4 @@
-"""Command line: `semif-proxy serve` (the container entrypoint) and `semif-proxy decide`."""
+"""Command line: `semif-proxy serve` (the container entrypoint), `decide` and `calibrate`."""
 
 from __future__ import annotations
 
@@ -73,6 +73,25 @@ def cmd_decide(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    from semif_proxy.calibrate import PredictionError, calibrate, read_predictions
+
+    try:
+        report = calibrate(read_predictions(Path(args.predictions)))
+    except (OSError, PredictionError) as exc:
+        sys.stderr.write(f"semif-proxy calibrate: {exc}\n")
+        return 2
+    for kind, r in report["types"].items():
+        sys.stderr.write(
+            f"{kind:>9}: n={r['count']:<5} T={r['temperature']:.3f}  "
+            f"ECE {r['ece_before']:.4f} -> {r['ece_after']:.4f}  "
+            f"NLL {r['nll_before']:.4f} -> {r['nll_after']:.4f}  accuracy {r['accuracy']:.3f}\n"
+        )
+    Path(args.output).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    sys.stderr.write(f"wrote {args.output}; serve with SEMIF_TEMPERATURE={args.output}\n")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="semif-proxy", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -85,6 +104,14 @@ def main(argv: list[str] | None = None) -> int:
     decide.add_argument("request", help="request JSON ({'decision': ...} or {'decisions': [...]})")
     decide.add_argument("--model", help="GGUF file")
     decide.set_defaults(func=cmd_decide)
+    cal = sub.add_parser("calibrate", help="fit a softmax temperature per question type")
+    cal.add_argument(
+        "--predictions",
+        required=True,
+        help="JSONL: {type, option_logits, label} (or expected + option_ids) per line",
+    )
+    cal.add_argument("--output", default="temperature.json", help="file SEMIF_TEMPERATURE reads")
+    cal.set_defaults(func=cmd_calibrate)
     args = parser.parse_args(argv)
     return int(args.func(args))
 

@@ -154,7 +154,15 @@ def _parse_temperature(value: str) -> Temperature:
     try:
         parsed = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise ValueError(f"expected a number or a JSON object, got {value!r}") from exc
+        if not Path(text).is_file():
+            raise ValueError(
+                f"expected a number, a JSON object or a calibration file, got {value!r}"
+            ) from exc
+        # The file `semif-proxy calibrate` writes.
+        try:
+            parsed = json.loads(Path(text).read_text(encoding="utf-8"))
+        except (OSError, json.JSONDecodeError) as exc2:
+            raise ValueError(f"calibration file {text!r} is not JSON: {exc2}") from exc2
     if isinstance(parsed, (int, float)) and not isinstance(parsed, bool):
         return Temperature(default=float(parsed))
     if isinstance(parsed, dict):

@@ -1,0 +1,139 @@
+"""Temperature calibration: fit one softmax temperature per question type on recorded option
+logits and labels, by minimising the negative log-likelihood.
+
+Pure numpy, no engine. Dividing logits by a positive temperature never changes the argmax, so
+calibration changes how sure the answers say they are, never which option they pick.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from semif_proxy.readout import softmax
+
+GOLDEN = (math.sqrt(5.0) - 1.0) / 2.0
+# Searched over the inverse temperature; the NLL is convex in it (a log-sum-exp minus a linear
+# term), so golden-section search finds the one minimum.
+BETA_RANGE = (0.01, 20.0)
+
+
+class PredictionError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class Prediction:
+    kind: str
+    logits: np.ndarray
+    label: int
+
+
+def parse_prediction(row: dict[str, Any], where: str) -> Prediction:
+    kind = str(row.get("type", "decision"))
+    logits = row.get("option_logits")
+    if not isinstance(logits, list) or len(logits) < 2:
+        raise PredictionError(f"{where}: option_logits must be a list of at least 2 numbers")
+    label = row.get("label")
+    if label is None and "expected" in row and isinstance(row.get("option_ids"), list):
+        ids = [str(i) for i in row["option_ids"]]
+        if str(row["expected"]) not in ids:
+            raise PredictionError(f"{where}: expected {row['expected']!r} is not in option_ids")
+        label = ids.index(str(row["expected"]))
+    if not isinstance(label, int) or isinstance(label, bool) or not 0 <= label < len(logits):
+        raise PredictionError(
+            f"{where}: label must be an option index in [0, {len(logits)}) "
+            "(or give expected + option_ids)"
+        )
+    return Prediction(kind, np.asarray(logits, dtype=np.float64), label)
+
+
+def read_predictions(path: Path) -> list[Prediction]:
+    out = []
+    with path.open(encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            if line.strip():
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError as exc:
+                    raise PredictionError(f"{path}:{n}: not JSON: {exc}") from None
+                out.append(parse_prediction(row, f"{path}:{n}"))
+    if not out:
+        raise PredictionError(f"{path}: no predictions")
+    return out
+
+
+def nll(preds: Iterable[Prediction], temperature: float) -> float:
+    total = 0.0
+    count = 0
+    for p in preds:
+        z = p.logits / temperature
+        top = z.max()
+        total += top + math.log(float(np.exp(z - top).sum())) - z[p.label]
+        count += 1
+    return total / max(count, 1)
+
+
+def golden_min(f: Callable[[float], float], lo: float, hi: float, tol: float = 1e-5) -> float:
+    a, b = lo, hi
+    c, d = b - GOLDEN * (b - a), a + GOLDEN * (b - a)
+    fc, fd = f(c), f(d)
+    while b - a > tol * (1.0 + abs(a) + abs(b)):
+        if fc < fd:
+            b, d, fd = d, c, fc
+            c = b - GOLDEN * (b - a)
+            fc = f(c)
+        else:
+            a, c, fc = c, d, fd
+            d = a + GOLDEN * (b - a)
+            fd = f(d)
+    return (a + b) / 2.0
+
+
+def fit_temperature(preds: list[Prediction]) -> float:
+    beta = golden_min(lambda b: nll(preds, 1.0 / b), *BETA_RANGE)
+    return 1.0 / beta
+
+
+def ece(preds: list[Prediction], temperature: float, bins: int = 10) -> float:
+    """Expected calibration error of the argmax probability, equal-width bins."""
+    conf = np.empty(len(preds))
+    hit = np.empty(len(preds))
+    for i, p in enumerate(preds):
+        probs = softmax(p.logits, temperature)
+        conf[i] = probs.max()
+        hit[i] = float(int(np.argmax(probs)) == p.label)
+    which = np.minimum((conf * bins).astype(int), bins - 1)
+    total = 0.0
+    for b in range(bins):
+        mask = which == b
+        if mask.any():
+            total += mask.mean() * abs(hit[mask].mean() - conf[mask].mean())
+    return float(total)
+
+
+def calibrate(preds: list[Prediction]) -> dict[str, Any]:
+    """Per type: fitted temperature, NLL and ECE before/after. The result's `temperature`
+    block is what SEMIF_TEMPERATURE reads (the whole file can be given)."""
+    kinds = sorted({p.kind for p in preds})
+    report: dict[str, Any] = {"temperature": {"default": 1.0}, "types": {}}
+    for kind in kinds:
+        group = [p for p in preds if p.kind == kind]
+        t = fit_temperature(group)
+        report["temperature"][kind] = round(t, 6)
+        report["types"][kind] = {
+            "count": len(group),
+            "temperature": t,
+            "nll_before": nll(group, 1.0),
+            "nll_after": nll(group, t),
+            "ece_before": ece(group, 1.0),
+            "ece_after": ece(group, t),
+            "accuracy": float(np.mean([int(np.argmax(p.logits)) == p.label for p in group])),
+        }
+    return report

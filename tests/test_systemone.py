@@ -1,0 +1,192 @@
+"""System One: the TypeSafe SDK (typesafe-sdk==0.7.5) unchanged against the real proxy, plus
+rotations, abstention and the JevBench tasks."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import typesafe_sdk as ts
+
+from bench.jevbench_tasks import DEFAULT_DIR, predicted_label, read_tasks, task_files
+from semif_proxy import systemone
+from tests.helpers.server import ProxyProcess
+
+KEY = "test-key-0123456789"
+NO_RETRY = ts.RetryPolicy(max_retries=0)
+STATE = "Order #4471: I was charged twice for the same order and nobody answers my emails!"
+
+
+@pytest.fixture(scope="module")
+def keyed(model_path: Path) -> Iterator[ProxyProcess]:
+    """A decision-only proxy with an API key (no llama-server: System One does not need it)."""
+    server = ProxyProcess(model_path, {"SEMIF_CHAT": "off", "SEMIF_API_KEY": KEY}).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def client(keyed: ProxyProcess) -> Iterator[ts.TypeSafeClient]:
+    with ts.TypeSafeClient(base_url=keyed.url, api_key=KEY, retry=NO_RETRY) as c:
+        yield c
+
+
+def auth() -> dict[str, str]:
+    return {"Authorization": f"Bearer {KEY}"}
+
+
+def test_sdk_round_trips_every_question_type(client: ts.TypeSafeClient) -> None:
+    response = client.system_one(
+        STATE,
+        {
+            "billing": {"type": "noul", "instructions": "Is this about billing?"},
+            "tone": {
+                "type": "choice",
+                "instructions": "What is the tone?",
+                "criteria": {"angry": "upset or hostile", "calm": None, "happy": ""},
+            },
+            "urgency": {"type": "score", "criteria": ["can wait", "this week", "today"]},
+        },
+        model="jev-latest",
+    )
+    assert response.model.endswith("@" + response.model.split("@")[1])  # the versioned id
+    assert response.usage.input_tokens > 0 and response.usage.output_tokens == 0
+    noul = response.nouls["billing"]
+    assert 0.0 <= noul.noul <= 1.0 and not hasattr(noul, "confidence")
+    tone = response.choices["tone"]
+    assert list(tone.probabilities) == ["angry", "calm", "happy"]  # insertion order kept
+    assert sum(tone.probabilities.values()) == pytest.approx(1.0)
+    assert tone.choice == max(tone.probabilities, key=tone.probabilities.get)
+    n = 3
+    assert tone.confidence == pytest.approx((n * max(tone.probabilities.values()) - 1) / (n - 1))
+    urgency = response.scores["urgency"]
+    probs = {int(k): v for k, v in urgency.probabilities.items()}
+    assert 0.0 <= urgency.score <= 2.0
+    assert urgency.score == pytest.approx(sum(k * p for k, p in probs.items()))
+    assert {int(k): v for k, v in urgency.legend.items()} == {0: "can wait", 1: "this week", 2: "today"}
+
+
+def test_sdk_object_state_and_instructions(client: ts.TypeSafeClient) -> None:
+    response = client.system_one(
+        {"ticket": {"subject": "refund", "body": "Please refund order 12"}, "tier": "gold"},
+        {"refund": {"type": "noul", "instructions": {"task": "Does the customer ask for money back?"}}},
+    )
+    assert 0.0 <= response.nouls["refund"].noul <= 1.0
+
+
+def test_sdk_lists_models(client: ts.TypeSafeClient) -> None:
+    names = [m.name for m in client.models.list().models]
+    assert names[1:] == ["jev-latest", "jev-preview"] and "@" in names[0]
+
+
+def test_sdk_error_classes(keyed: ProxyProcess) -> None:
+    questions = {"q": {"type": "noul", "instructions": "Is it?"}}
+    with ts.TypeSafeClient(base_url=keyed.url, api_key="wrong-key", retry=NO_RETRY) as bad:
+        with pytest.raises(ts.TypeSafeAuthenticationError):
+            bad.system_one(STATE, questions)
+    with ts.TypeSafeClient(base_url=keyed.url, api_key=KEY, retry=NO_RETRY) as good:
+        with pytest.raises(ts.TypeSafeUnprocessableEntityError):
+            good.system_one(STATE, questions, model="gpt-9")
+        with pytest.raises(ts.TypeSafeUnprocessableEntityError):
+            good.system_one(STATE, {"q": {"type": "choice", "criteria": {"only": None}}})
+
+
+def test_api_key_guards_v1_but_not_ping_or_invocations(keyed: ProxyProcess) -> None:
+    body = {"model": "jev-latest", "state": STATE, "questions": {"q": {"type": "noul"}}}
+    missing = keyed.call("POST", "/v1/systemone", body)
+    assert missing.status == 401 and missing.headers.get("X-Request-Id")
+    assert keyed.call("POST", "/v1/systemone", body, {"Authorization": "Bearer nope"}).status == 401
+    assert keyed.call("GET", "/v1/models").status == 401
+    assert keyed.call("POST", "/v1/systemone", body, auth()).status == 200
+    assert keyed.call("GET", "/ping").status == 200
+    assert keyed.call("POST", "/invocations", body).status == 200  # SageMaker signs these itself
+
+
+def test_large_bodies_arrive_zstd_compressed(client: ts.TypeSafeClient, keyed: ProxyProcess) -> None:
+    from typesafe_sdk._core.compression import COMPRESSORS
+
+    assert "zstd" in COMPRESSORS  # the SDK compresses bodies of 1 KiB and more
+    long_state = "The customer wrote: " + "my card was charged twice. " * 60
+    response = client.system_one(long_state, {"b": {"type": "noul", "instructions": "Billing?"}})
+    assert 0.0 <= response.nouls["b"].noul <= 1.0
+    body = {"model": "jev-latest", "state": long_state, "questions": {"b": {"type": "noul"}}}
+    packed = COMPRESSORS["zstd"](json.dumps(body).encode())
+    reply = keyed.call(
+        "POST", "/v1/systemone", raw=packed, headers={**auth(), "Content-Encoding": "zstd"}
+    )
+    assert reply.status == 200 and reply.json()["answers"]["b"]["type"] == "noul"
+    garbage = keyed.call(
+        "POST", "/v1/systemone", raw=b"\x28\xb5\x2f\xfdnot zstd", headers={**auth(), "Content-Encoding": "zstd"}
+    )
+    assert garbage.status == 400 and garbage.json()["error"]["field"] == "body"
+    bomb = COMPRESSORS["zstd"](b'{"state": "' + b" " * (3 << 20) + b'"}')  # 3 MiB in ~100 bytes
+    over = keyed.call(
+        "POST", "/v1/systemone", raw=bomb, headers={**auth(), "Content-Encoding": "zstd"}
+    )
+    assert len(bomb) < 4096 and over.status == 413 and over.json()["error"]["limit"] == 1 << 20
+
+
+def rotated_criteria(names: list[str], order: list[int]) -> dict[str, None]:
+    return {names[i]: None for i in order}
+
+
+def test_permutations_average_the_rotated_runs(keyed: ProxyProcess) -> None:
+    names = ["refund", "exchange", "repair", "ignore"]
+    question = {"type": "choice", "instructions": "What should we offer?"}
+    body = {
+        "model": "jev-latest",
+        "state": STATE,
+        "permutations": 4,
+        "questions": {"offer": dict(question, criteria=rotated_criteria(names, [0, 1, 2, 3]))},
+    }
+    combined = keyed.call("POST", "/v1/systemone", body, auth()).json()
+    runs = []
+    for order in systemone.rotations(len(names), 4):
+        single = dict(body, permutations=1)
+        single["questions"] = {"offer": dict(question, criteria=rotated_criteria(names, order))}
+        answer = keyed.call("POST", "/v1/systemone", single, auth()).json()["answers"]["offer"]
+        runs.append([answer["probabilities"][n] for n in names])
+    mean = np.mean(runs, axis=0)
+    got = [combined["answers"]["offer"]["probabilities"][n] for n in names]
+    np.testing.assert_allclose(got, mean, atol=1e-9)
+    diag = combined["semif"]["questions"]["offer"]
+    assert len(diag["rotations"]) == 4 and 0.0 <= diag["argmax_moved"] <= 1.0
+    timing = combined["semif"]["timing"]
+    assert timing["mode"] == "shared_prefix" and timing["prefix_reused_tokens"] >= 0
+
+
+def test_min_confidence_marks_abstentions(keyed: ProxyProcess) -> None:
+    body = {
+        "model": "jev-latest",
+        "state": STATE,
+        "questions": {"t": {"type": "choice", "criteria": {"a": None, "b": None, "c": None}}},
+    }
+    low = keyed.call("POST", "/v1/systemone", dict(body, min_confidence=0.0), auth()).json()
+    high = keyed.call("POST", "/v1/systemone", dict(body, min_confidence=1.0), auth()).json()
+    assert low["answers"]["t"]["abstained"] is False
+    assert high["answers"]["t"]["abstained"] is True
+    assert high["answers"]["t"]["choice"] == low["answers"]["t"]["choice"]  # answer kept
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not DEFAULT_DIR.is_dir(), reason="../shared/jevbench not present")
+def test_every_jevbench_task_gets_a_valid_answer(model_path: Path) -> None:
+    server = ProxyProcess(
+        model_path, {"SEMIF_CHAT": "off", "SEMIF_CTX_SIZE": "8192", "SEMIF_THREADS": "2"}
+    ).start()
+    try:
+        tasks = list(read_tasks(task_files()))
+        assert len(tasks) == 231
+        right = 0
+        for task in tasks:
+            reply = server.call("POST", "/v1/systemone", task.request(), timeout=120)
+            assert reply.status == 200, (task.id, reply.body[:300])
+            answer = reply.json()["answers"]["q"]
+            assert answer["type"] == task.kind
+            right += predicted_label(answer) == task.expected
+        print(f"JevBench on the default model: {right}/231")
+    finally:
+        server.stop()
