@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hmac
 import logging
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import aiohttp
 from aiohttp import web
@@ -22,7 +23,9 @@ from semif_proxy.keys import (
     LLAMA,
     METRICS,
     SETTINGS,
+    STARTUP,
     UPSTREAM,
+    Startup,
 )
 from semif_proxy.llama_server import LlamaServer, LlamaServerError
 from semif_proxy.metrics import Metrics
@@ -34,22 +37,47 @@ log = logging.getLogger("semif_proxy.app")
 OPEN_PATHS = ("/ping", "/invocations", "/health", "/metrics")
 
 
+def _fatal(app: web.Application, what: str, exc: BaseException) -> None:
+    message = f"{what} failed to start: {exc}"
+    log.error(message, extra={"event": "startup_failed", "error": str(exc)})
+    app[STARTUP].errors.append(message)
+    app[STARTUP].on_fatal()
+
+
+async def _load_engine(app: web.Application) -> None:
+    try:
+        engine = await DecisionEngine.start(app[SETTINGS])
+    except Exception as exc:  # any load failure ends the process: nothing to serve
+        _fatal(app, "the decision engine", exc)
+        return
+    app[ENGINE] = engine
+    log.info("decision engine ready", extra={"event": "engine_ready", **engine.model_info})
+
+
 async def _engine_ctx(app: web.Application) -> AsyncIterator[None]:
-    settings = app[SETTINGS]
+    # Loaded in the background: the port opens at once and /ping says 503 until it is ready.
     app[ENGINE] = None
-    if settings.decisions:
-        app[ENGINE] = await DecisionEngine.start(settings)
-        log.info("decision engine ready", extra={"event": "engine_ready", **app[ENGINE].model_info})
+    task = asyncio.create_task(_load_engine(app)) if app[SETTINGS].decisions else None
     yield
+    if task is not None:
+        await asyncio.shield(task)  # a load in progress cannot be interrupted; let it end
     engine = app[ENGINE]
     if engine is not None:
         await asyncio.get_running_loop().run_in_executor(None, engine.close)
+
+
+async def _start_llama(app: web.Application, server: LlamaServer) -> None:
+    try:
+        await server.start()
+    except Exception as exc:
+        _fatal(app, "llama-server", exc)
 
 
 async def _llama_ctx(app: web.Application) -> AsyncIterator[None]:
     settings = app[SETTINGS]
     app[LLAMA] = None
     server = None
+    task = None
     if settings.chat:
         binary = settings.llama_server_binary or native.llama_server_path()
         if binary is None:
@@ -60,9 +88,13 @@ async def _llama_ctx(app: web.Application) -> AsyncIterator[None]:
             spare = max(1, (os.cpu_count() or 1) - settings.engine_threads)
             args += ["--threads", str(spare)]
         server = LlamaServer(binary, settings.model_path, settings.upstream_port, args)
-        await server.start()
-        app[LLAMA] = server
+        app[LLAMA] = server  # state "stopped"/"starting": /ping says 503 until it is healthy
+        task = asyncio.create_task(_start_llama(app, server))
     yield
+    if task is not None and not task.done():
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
     if server is not None:
         await server.stop()
 
@@ -90,13 +122,15 @@ def _auth_middleware(settings: Settings) -> web.middleware:
     return auth
 
 
-def create_app(settings: Settings) -> web.Application:
+def create_app(settings: Settings, on_fatal: Callable[[], None] | None = None) -> web.Application:
+    """on_fatal runs when the engine or llama-server cannot start (the CLI stops the process)."""
     app = web.Application(
         middlewares=[request_middleware, _auth_middleware(settings)],
         client_max_size=settings.max_body_bytes,
     )
     app[SETTINGS] = settings
     app[METRICS] = Metrics()
+    app[STARTUP] = Startup(on_fatal=on_fatal or (lambda: None))
     app[DECISION_ADMISSION] = Admission("decision", settings.max_in_flight, settings.max_queue)
     app[CHAT_ADMISSION] = Admission("chat", settings.max_in_flight, settings.max_queue)
     app.cleanup_ctx.extend([_upstream_ctx, _engine_ctx, _llama_ctx])

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
+import signal
 import sys
 from pathlib import Path
 
@@ -26,12 +28,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from aiohttp import web
 
     from semif_proxy.app import create_app
+    from semif_proxy.keys import STARTUP
 
     settings = _settings(args, port=args.port, host=args.host)
     configure_logging(settings.log_level)
     log.info("settings", extra={"event": "settings", "settings": settings.public_dict()})
+    # A background load that fails stops the process (SageMaker then sees the container exit).
+    app = create_app(settings, on_fatal=lambda: os.kill(os.getpid(), signal.SIGTERM))
     web.run_app(
-        create_app(settings),
+        app,
         host=settings.host,
         port=settings.port,
         shutdown_timeout=settings.shutdown_grace,
@@ -39,7 +44,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
         access_log=None,
         handle_signals=True,
     )
-    return 0
+    errors = app[STARTUP].errors
+    for message in errors:
+        sys.stderr.write(f"semif-proxy: {message}\n")
+    return 3 if errors else 0
 
 
 def cmd_decide(args: argparse.Namespace) -> int:

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import aiohttp
 from aiohttp import web
@@ -11,8 +12,13 @@ from semif_proxy.admission import Admission
 from semif_proxy.metrics import Metrics
 from semif_proxy.settings import Settings
 
-if TYPE_CHECKING:
-    pass
+@dataclass
+class Startup:
+    """Start-up failures of background loads, and what to do about them."""
+
+    on_fatal: Callable[[], None]
+    errors: list[str] = field(default_factory=list)
+
 
 SETTINGS = web.AppKey("settings", Settings)
 METRICS = web.AppKey("metrics", Metrics)
@@ -21,3 +27,4 @@ LLAMA = web.AppKey("llama_server", "LlamaServer | None")
 UPSTREAM = web.AppKey("upstream_session", aiohttp.ClientSession)
 DECISION_ADMISSION = web.AppKey("decision_admission", Admission)
 CHAT_ADMISSION = web.AppKey("chat_admission", Admission)
+STARTUP = web.AppKey("startup", Startup)

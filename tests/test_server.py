@@ -7,8 +7,11 @@ import os
 import signal
 import socket
 import time
+from pathlib import Path
 
 import pytest
+
+from semif_proxy import native
 
 from tests.conftest import GPU_LAYERS
 from tests.helpers.server import ProxyProcess
@@ -235,3 +238,42 @@ def test_decision_only_server_starts_no_llama_server(model_path) -> None:
         assert server.call("POST", "/v1/decisions", {"decision": DECISION}).status == 200
     finally:
         server.stop()
+
+
+def test_ping_is_503_while_starting_then_200(model_path: Path, tmp_path: Path) -> None:
+    """The port opens before the engine and llama-server are ready; /ping tells the truth."""
+    real = native.llama_server_path()
+    slow = tmp_path / "slow-llama-server"
+    slow.write_text(f'#!/bin/sh\nsleep 3\nexec "{real}" "$@"\n')
+    slow.chmod(0o755)
+    server = ProxyProcess(model_path, {"SEMIF_LLAMA_SERVER": str(slow)}).launch()
+    try:
+        statuses = []
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                reply = server.call("GET", "/ping", timeout=2)
+            except OSError:
+                time.sleep(0.05)
+                continue
+            statuses.append(reply.status)
+            if reply.status == 200:
+                break
+            body = reply.json()
+            assert body["status"] == "unavailable"
+            assert body["llama_server"]["state"] in ("stopped", "starting")
+            time.sleep(0.1)
+        assert statuses[0] == 503 and statuses[-1] == 200
+        assert server.call("POST", "/v1/decisions", {"decision": DECISION}).status == 200
+    finally:
+        assert server.stop() == 0
+
+
+def test_engine_that_cannot_load_stops_the_process(tiny_model: Path, tmp_path: Path) -> None:
+    broken = tmp_path / "broken.gguf"
+    broken.write_bytes(tiny_model.read_bytes()[:4096])  # GGUF magic, truncated tensors
+    log = tmp_path / "broken.log"
+    server = ProxyProcess(broken, {"SEMIF_CHAT": "off"}, log_path=log).launch()
+    assert server.proc is not None
+    assert server.proc.wait(60) == 3
+    assert "the decision engine failed to start" in log.read_text()

@@ -8,7 +8,15 @@ from typing import Any
 from aiohttp import web
 
 from semif_proxy import __version__, native
-from semif_proxy.keys import CHAT_ADMISSION, DECISION_ADMISSION, ENGINE, LLAMA, METRICS, SETTINGS
+from semif_proxy.keys import (
+    CHAT_ADMISSION,
+    DECISION_ADMISSION,
+    ENGINE,
+    LLAMA,
+    METRICS,
+    SETTINGS,
+    STARTUP,
+)
 
 
 async def _status(app: web.Application, live: bool) -> tuple[bool, dict[str, Any]]:
@@ -18,8 +26,10 @@ async def _status(app: web.Application, live: bool) -> tuple[bool, dict[str, Any
     if settings.decisions:
         engine = app.get(ENGINE)
         engine_ok = engine is not None and engine.unavailable_reason is None
+        failed = bool(app[STARTUP].errors)
+        loading = "failed" if failed else "loading"
         parts["engine"] = {
-            "state": "ready" if engine_ok else ("refusing" if engine else "loading"),
+            "state": "ready" if engine_ok else ("refusing" if engine else loading),
             "reason": engine.unavailable_reason if engine else None,
         }
         ready = ready and engine is not None
@@ -33,6 +43,8 @@ async def _status(app: web.Application, live: bool) -> tuple[bool, dict[str, Any
             "healthy": ok,
         }
         ready = ready and ok
+    if app[STARTUP].errors:
+        parts["startup_errors"] = list(app[STARTUP].errors)
     return ready, parts
 
 

@@ -58,6 +58,10 @@ class ProxyProcess:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self, timeout: float = 120.0) -> ProxyProcess:
+        self.launch()
+        return self.wait_ready(timeout)
+
+    def launch(self) -> ProxyProcess:
         out = open(self.log_path, "wb") if self.log_path else subprocess.DEVNULL  # noqa: SIM115
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "semif_proxy.cli", "serve", "--model", str(self.model)],
@@ -68,6 +72,10 @@ class ProxyProcess:
         )
         if out is not subprocess.DEVNULL:
             out.close()  # the child holds its own copy
+        return self
+
+    def wait_ready(self, timeout: float = 120.0) -> ProxyProcess:
+        assert self.proc is not None
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

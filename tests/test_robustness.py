@@ -1,0 +1,264 @@
+"""The server under pressure and abuse: load with small limits, fuzzed bodies, timeouts, a
+llama-server killed mid-stream, clients that hang up. Real proxy, real llama-server, SmolLM2."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import signal
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import aiohttp
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tests.helpers.server import ProxyProcess
+
+LOAD_SECONDS = float(os.environ.get("SEMIF_LOAD_SECONDS", "20"))
+
+
+def decision(i: int) -> dict:
+    return {
+        "decision": {
+            "id": f"load-{i}",
+            "state": f"Ticket {i}: the parcel arrived broken.",
+            "question": "Which team handles it?",
+            "options": [
+                {"id": "shipping", "description": "Delivery and damage"},
+                {"id": "billing", "description": "Payments"},
+            ],
+        }
+    }
+
+
+def rss_kb(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    raise AssertionError("no VmRSS")
+
+
+@pytest.fixture(scope="module")
+def limited(model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ProxyProcess]:
+    log = tmp_path_factory.mktemp("logs") / "limited.log"
+    server = ProxyProcess(
+        model_path,
+        {"SEMIF_MAX_IN_FLIGHT": "2", "SEMIF_MAX_QUEUE": "4", "SM_LLAMA_CPP_PARALLEL": "2"},
+        log_path=log,
+    ).start()
+    yield server
+    server.stop()
+
+
+async def _client(
+    session: aiohttp.ClientSession, url: str, n: int, until: float, seen: list[dict]
+) -> None:
+    i = 0
+    while time.monotonic() < until:
+        i += 1
+        rid = f"c{n}-{i}"
+        chat = (n + i) % 3 == 0
+        if chat:
+            path = "/v1/chat/completions"
+            body = {
+                "messages": [{"role": "user", "content": f"Say the number {n}."}],
+                "max_tokens": 4,
+                "temperature": 0,
+            }
+        else:
+            path, body = "/v1/decisions", decision(n * 100_000 + i)
+        async with session.post(url + path, json=body, headers={"X-Request-Id": rid}) as resp:
+            payload = await resp.json()
+            seen.append(
+                {
+                    "rid": rid,
+                    "kind": "chat" if chat else "decision",
+                    "status": resp.status,
+                    "echo": resp.headers.get("X-Request-Id"),
+                    "retry_after": resp.headers.get("Retry-After"),
+                    "sent_id": None if chat else body["decision"]["id"],
+                    "body": payload,
+                }
+            )
+        if resp.status == 503:
+            await asyncio.sleep(0.05 * random.random())
+
+
+async def _load(url: str, clients: int, seconds: float) -> list[dict]:
+    seen: list[dict] = []
+    until = time.monotonic() + seconds
+    timeout = aiohttp.ClientTimeout(total=120)
+    async with aiohttp.ClientSession(
+        timeout=timeout, connector=aiohttp.TCPConnector(limit=0)
+    ) as session:
+        await asyncio.gather(*(_client(session, url, n, until, seen) for n in range(clients)))
+    return seen
+
+
+def test_64_clients_get_200_or_503_with_retry_after(limited: ProxyProcess) -> None:
+    assert limited.proc is not None
+    warm = asyncio.run(_load(limited.url, 8, 2.0))  # allocations that happen once
+    assert warm
+    before = rss_kb(limited.proc.pid)
+    seen = asyncio.run(_load(limited.url, 64, LOAD_SECONDS))
+    after = rss_kb(limited.proc.pid)
+    statuses = {r["status"] for r in seen}
+    assert statuses <= {200, 503}, statuses
+    ok = [r for r in seen if r["status"] == 200]
+    refused = [r for r in seen if r["status"] == 503]
+    assert ok and refused  # the limits were reached, and work still got done
+    assert {r["kind"] for r in ok} == {"chat", "decision"}
+    for r in seen:
+        assert r["echo"] == r["rid"]  # every response is the answer to its own request
+    for r in refused:
+        assert int(r["retry_after"]) >= 1
+        assert r["body"]["error"]["type"] == "overloaded"
+        assert r["body"]["error"]["request_id"] == r["rid"]
+    for r in ok:
+        if r["kind"] == "decision":
+            assert r["body"]["result"]["id"] == r["sent_id"]
+        else:
+            assert r["body"]["choices"][0]["message"]["role"] == "assistant"
+    # Memory stable: no per-request growth worth speaking of after the warm-up.
+    assert after - before < 64 * 1024, (before, after, len(seen))
+    assert limited.call("GET", "/ping").status == 200
+    metrics = limited.call("GET", "/metrics").body.decode()
+    assert "semif_decision_rejected_total" in metrics
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=12), inner, max_size=4),
+    max_leaves=12,
+)
+keys = st.sampled_from(
+    ["decision", "decisions", "messages", "state", "questions", "model", "id", "options", "x"]
+)
+bodies = st.one_of(
+    st.binary(max_size=200),
+    json_values.map(lambda v: json.dumps(v).encode()),
+    st.dictionaries(keys, json_values, max_size=4).map(lambda v: json.dumps(v).encode()),
+    st.builds(
+        lambda d, junk: json.dumps({"decision": {**decision(0)["decision"], **d}}).encode() + junk,
+        st.dictionaries(st.sampled_from(["id", "state", "question", "options"]), json_values, max_size=2),
+        st.sampled_from([b"", b"}", b"\x00", b"\xff"]),
+    ),
+)
+
+
+def _post(port: int, raw: bytes, content_type: str) -> tuple[int, bytes]:
+    with socket.create_connection(("127.0.0.1", port), timeout=60) as sock:
+        sock.sendall(
+            b"POST /invocations HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: "
+            + content_type.encode()
+            + b"\r\nContent-Length: "
+            + str(len(raw)).encode()
+            + b"\r\n\r\n"
+            + raw
+        )
+        data = b""
+        while chunk := sock.recv(65536):
+            data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    return int(head.split(b" ", 2)[1]), body
+
+
+@settings(
+    max_examples=int(os.environ.get("SEMIF_FUZZ_EXAMPLES", "1500")),
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+    derandomize=True,
+)
+@given(raw=bodies, content_type=st.sampled_from(["application/json", "text/plain", ""]))
+def test_fuzzed_invocations_never_5xx(limited: ProxyProcess, raw: bytes, content_type: str) -> None:
+    status, body = _post(limited.port, raw, content_type)
+    assert status < 500 or status == 503, (status, raw[:200], body[:300])
+    if status != 200:
+        error = json.loads(body)
+        assert "error" in error or "detail" in error
+
+
+def test_server_healthy_after_fuzzing(limited: ProxyProcess) -> None:
+    assert limited.call("GET", "/ping").status == 200
+    assert limited.call("POST", "/invocations", decision(1)).json()["result"]["id"] == "load-1"
+
+
+def test_slow_decision_times_out_with_504(model_path: Path) -> None:
+    server = ProxyProcess(model_path, {"SEMIF_CHAT": "off", "SEMIF_REQUEST_TIMEOUT": "0.01"}).start()
+    try:
+        body = decision(2)
+        body["decision"]["state"] = "A long ticket. " * 300
+        reply = server.call("POST", "/v1/decisions", body)
+        assert reply.status == 504 and reply.json()["error"]["type"] == "timeout"
+        assert "SEMIF_REQUEST_TIMEOUT" in reply.json()["error"]["message"]
+        assert server.call("GET", "/ping").status == 200
+    finally:
+        assert server.stop() == 0
+
+
+def _stream_request(port: int, max_tokens: int) -> socket.socket:
+    request = json.dumps(
+        {
+            "messages": [{"role": "user", "content": "Write a long story about a lighthouse."}],
+            "max_tokens": max_tokens,
+            "temperature": 0,
+            "stream": True,
+        }
+    ).encode()
+    sock = socket.create_connection(("127.0.0.1", port), timeout=60)
+    sock.sendall(
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Content-Length: " + str(len(request)).encode() + b"\r\nConnection: close\r\n\r\n" + request
+    )
+    return sock
+
+
+def _slots_busy(server: ProxyProcess) -> int:
+    slots = server.call("GET", "/slots").json()
+    return sum(1 for s in slots if s.get("is_processing"))
+
+
+def test_killed_llama_server_mid_stream_ends_with_an_error_event(
+    model_path: Path, tmp_path: Path
+) -> None:
+    server = ProxyProcess(model_path, log_path=tmp_path / "kill.log").start()
+    try:
+        pid = server.call("GET", "/health").json()["llama_server"]["pid"]
+        sock = _stream_request(server.port, 2000)
+        got = b""
+        while got.count(b"data: ") < 3:
+            got += sock.recv(65536)
+        os.kill(pid, signal.SIGKILL)
+        while chunk := sock.recv(65536):
+            got += chunk
+        sock.close()
+        # Chunked framing aside, the last server-sent event is our JSON error, not [DONE].
+        last = got.rsplit(b"data: ", 1)[1].split(b"\n\n", 1)[0]
+        assert json.loads(last)["error"]["type"] == "upstream_error", last
+        assert b"[DONE]" not in got and got.count(b"data: ") >= 4
+        during = server.call("POST", "/v1/decisions", decision(3))
+        assert during.status == 200
+        # Chat while llama-server restarts: a clean JSON 503, never a hang or a 500.
+        chat = server.call("POST", "/v1/chat/completions", {"messages": []})
+        assert chat.status in (503, 400, 200)
+    finally:
+        assert server.stop() == 0
+
+
+def test_client_disconnect_cancels_the_upstream_generation(limited: ProxyProcess) -> None:
+    sock = _stream_request(limited.port, 4000)
+    got = b""
+    while got.count(b"data: ") < 2:
+        got += sock.recv(65536)
+    assert _slots_busy(limited) >= 1
+    sock.close()  # hang up mid-answer
+    deadline = time.monotonic() + 10
+    while _slots_busy(limited) > 0:
+        assert time.monotonic() < deadline, "llama-server kept generating for a client that left"
+        time.sleep(0.1)
