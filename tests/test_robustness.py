@@ -262,3 +262,48 @@ def test_client_disconnect_cancels_the_upstream_generation(limited: ProxyProcess
     while _slots_busy(limited) > 0:
         assert time.monotonic() < deadline, "llama-server kept generating for a client that left"
         time.sleep(0.1)
+
+
+def test_sigterm_lets_in_flight_requests_finish(model_path: Path, tmp_path: Path) -> None:
+    import threading
+
+    log = tmp_path / "term.log"
+    server = ProxyProcess(model_path, {"SEMIF_CHAT": "off"}, log_path=log).start()
+    body = decision(4)
+    body["decision"]["state"] = "A long ticket about a broken parcel. " * 120
+    result: dict = {}
+
+    def slow_request() -> None:
+        result["reply"] = server.call("POST", "/v1/decisions", body, {"X-Request-Id": "inflight"})
+
+    worker = threading.Thread(target=slow_request)
+    worker.start()
+    time.sleep(0.3)  # the request is in the engine now
+    assert server.stop(signal.SIGTERM) == 0
+    worker.join(30)
+    assert result["reply"].status == 200 and result["reply"].json()["result"]["id"] == "load-4"
+    # One JSON log line per request: id, route, status, latency, tokens.
+    lines = [json.loads(li) for li in log.read_text().splitlines() if li.startswith("{")]
+    access = [li for li in lines if li.get("request_id") == "inflight" and "latency_ms" in li]
+    assert len(access) == 1
+    assert access[0]["route"] == "/v1/decisions" and access[0]["status"] == 200
+    assert access[0]["tokens"] > 100
+
+
+def test_killing_the_proxy_leaves_no_llama_server(model_path: Path) -> None:
+    server = ProxyProcess(model_path).start()
+    pid = server.call("GET", "/health").json()["llama_server"]["pid"]
+    assert server.proc is not None
+    server.proc.kill()  # SIGKILL: no chance to clean up; the kernel's parent-death signal does
+    server.proc.wait(10)
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            break
+        stat = Path(f"/proc/{pid}/stat")
+        if stat.exists() and stat.read_text().split()[2] == "Z":
+            break  # dead, waiting for its (adopted) parent to reap it
+        assert time.monotonic() < deadline, "llama-server outlived its parent"
+        time.sleep(0.1)
