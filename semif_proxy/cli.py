@@ -1,4 +1,5 @@
-"""Command line: `semif-proxy serve` (the container entrypoint), `decide` and `calibrate`."""
+"""Command line: `semif-proxy serve` (the container entrypoint), `decide`, `calibrate`, `selfcheck`
+and the SageMaker deploy commands."""
 
 from __future__ import annotations
 
@@ -33,6 +34,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
     settings = _settings(args, port=args.port, host=args.host)
     configure_logging(settings.log_level)
     log.info("settings", extra={"event": "settings", "settings": settings.public_dict()})
+    from semif_proxy import selfcheck
+
+    try:
+        log.info("selfcheck", extra={"event": "selfcheck", **selfcheck.run()})
+    except selfcheck.SelfCheckError as exc:
+        log.warning("selfcheck failed", extra={"event": "selfcheck", "error": str(exc)})
     # A background load that fails stops the process (SageMaker then sees the container exit).
     app = create_app(settings, on_fatal=lambda: os.kill(os.getpid(), signal.SIGTERM))
     web.run_app(
@@ -100,6 +107,18 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_selfcheck(args: argparse.Namespace) -> int:
+    from semif_proxy import selfcheck
+
+    try:
+        report = selfcheck.run(require_system_libllama=args.require_system_libllama)
+    except selfcheck.SelfCheckError as exc:
+        sys.stderr.write(f"semif-proxy selfcheck: FAILED: {exc}\n")
+        return 1
+    sys.stdout.write(json.dumps({"selfcheck": "ok", **report}) + "\n")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="semif-proxy", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -120,6 +139,16 @@ def main(argv: list[str] | None = None) -> int:
     )
     cal.add_argument("--output", default="temperature.json", help="file SEMIF_TEMPERATURE reads")
     cal.set_defaults(func=cmd_calibrate)
+    check = sub.add_parser("selfcheck", help="check the engine, libllama and llama-server")
+    check.add_argument(
+        "--require-system-libllama",
+        action="store_true",
+        help="fail unless libllama comes from the system (the container image), not the wheel",
+    )
+    check.set_defaults(func=cmd_selfcheck)
+    from semif_proxy.deploy.cli import add_commands
+
+    add_commands(sub)
     args = parser.parse_args(argv)
     return int(args.func(args))
 

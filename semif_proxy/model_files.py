@@ -8,6 +8,8 @@ import re
 from pathlib import Path
 
 _SHARD = re.compile(r"-(\d{5})-of-(\d{5})\.gguf$")
+# Written by `semif-proxy package-model` next to the GGUF in model.tar.gz.
+MANIFEST_NAME = "semif-manifest.json"
 
 
 class ModelNotFoundError(ValueError):
@@ -52,9 +54,25 @@ def _hash_file(path: Path) -> str:
     return digest.hexdigest()
 
 
+def _manifest_sha256(path: Path, size: int) -> str | None:
+    try:
+        manifest = json.loads((path.parent / MANIFEST_NAME).read_text())
+        for entry in manifest.get("files", []):
+            if entry.get("file") == path.name and entry.get("bytes") == size:
+                sha = str(entry.get("sha256", ""))
+                return sha if re.fullmatch(r"[0-9a-f]{64}", sha) else None
+    except (OSError, ValueError, AttributeError):
+        pass
+    return None
+
+
 def model_sha256(path: Path) -> str:
-    """sha256 of the GGUF, cached beside it (or in a temp-free fallback) keyed by size+mtime."""
+    """sha256 of the GGUF: from the package manifest when it names this file and size, else
+    computed and cached beside the model keyed by size+mtime."""
     stat = path.stat()
+    from_manifest = _manifest_sha256(path, stat.st_size)
+    if from_manifest:
+        return from_manifest
     key = {"size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
     sidecar = path.with_name(path.name + ".sha256.json")
     try:

@@ -34,7 +34,7 @@ class Reply:
 
 class ProxyProcess:
     def __init__(
-        self, model: Path, env: dict[str, str] | None = None, log_path: Path | None = None
+        self, model: Path | None, env: dict[str, str] | None = None, log_path: Path | None = None
     ) -> None:
         self.port = free_port()
         self.upstream_port = free_port()
@@ -64,7 +64,8 @@ class ProxyProcess:
     def launch(self) -> ProxyProcess:
         out = open(self.log_path, "wb") if self.log_path else subprocess.DEVNULL  # noqa: SIM115
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "semif_proxy.cli", "serve", "--model", str(self.model)],
+            [sys.executable, "-m", "semif_proxy.cli", "serve"]
+            + (["--model", str(self.model)] if self.model else []),
             env=self.env,
             stdout=out,
             stderr=subprocess.STDOUT,
