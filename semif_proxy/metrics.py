@@ -53,7 +53,8 @@ class Metrics:
         for labels, counts in sorted(self.latency_counts.items()):
             for bound, count in zip(LATENCY_BUCKETS, counts):
                 lines.append(
-                    f"semif_request_seconds_bucket{_fmt_labels(labels, (('le', str(bound)),))} {count}"
+                    "semif_request_seconds_bucket"
+                    f"{_fmt_labels(labels, (('le', str(bound)),))} {count}"
                 )
             lines.append(
                 f"semif_request_seconds_bucket{_fmt_labels(labels, (('le', '+Inf'),))} {counts[-1]}"

@@ -64,7 +64,8 @@ def check_shared(request: SharedRequest) -> None:
     for i, d in enumerate(request.decisions):
         if d.id in seen:
             raise InvalidRequest(
-                f"decisions[{i}].id: {d.id!r} repeats decisions[{seen[d.id]}].id; ids must be unique",
+                f"decisions[{i}].id: {d.id!r} repeats decisions[{seen[d.id]}].id; "
+                "ids must be unique",
                 field=f"decisions[{i}].id",
             )
         seen[d.id] = i

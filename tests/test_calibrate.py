@@ -22,7 +22,11 @@ def synthetic(kind: str, temperature: float, n: int, k: int, seed: int) -> list[
         logits = rng.normal(0.0, 3.0, size=k)
         p = np.exp(logits / temperature - (logits / temperature).max())
         rows.append(
-            {"type": kind, "option_logits": logits.tolist(), "label": int(rng.choice(k, p=p / p.sum()))}
+            {
+                "type": kind,
+                "option_logits": logits.tolist(),
+                "label": int(rng.choice(k, p=p / p.sum())),
+            }
         )
     return rows
 

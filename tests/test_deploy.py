@@ -115,24 +115,38 @@ def test_build_image_end_to_end(tmp_path: Path) -> None:
     s3.create_bucket(Bucket="builds")
     repo = ecr.create_repository(repositoryName="semif-proxy")["repository"]
     # What the buildspec's docker push leaves behind.
-    manifest = json.dumps({
-        "schemaVersion": 2,
-        "mediaType": "application/vnd.docker.distribution.manifest.v2+json",
-        "config": {},
-        "layers": [],
-    })
+    manifest = json.dumps(
+        {
+            "schemaVersion": 2,
+            "mediaType": "application/vnd.docker.distribution.manifest.v2+json",
+            "config": {},
+            "layers": [],
+        }
+    )
     pushed = ecr.put_image(repositoryName="semif-proxy", imageManifest=manifest, imageTag="v1")
     digest = pushed["image"]["imageId"]["imageDigest"]
     calls = Calls(s3, codebuild, ecr)
 
     uri = image.build_image(
-        s3, codebuild, ecr, image_build(), ROOT, tmp_path,
+        s3,
+        codebuild,
+        ecr,
+        image_build(),
+        ROOT,
+        tmp_path,
         wait=lambda cb, bid: image.wait_build(cb, bid, poll=0, sleep=lambda _: None),
     )
     assert uri == f"{repo['repositoryUri']}@{digest}"
     assert calls.names() == [
-        "DescribeRepositories", "HeadBucket", "PutObject", "BatchGetProjects", "CreateProject",
-        "StartBuild", "BatchGetBuilds", "DescribeRepositories", "DescribeImages",
+        "DescribeRepositories",
+        "HeadBucket",
+        "PutObject",
+        "BatchGetProjects",
+        "CreateProject",
+        "StartBuild",
+        "BatchGetBuilds",
+        "DescribeRepositories",
+        "DescribeImages",
     ]
     project = calls.params("CreateProject")
     assert project["environment"]["privilegedMode"] is True
@@ -143,8 +157,11 @@ def test_build_image_end_to_end(tmp_path: Path) -> None:
     }
     env = {v["name"]: v["value"] for v in project["environment"]["environmentVariables"]}
     assert env == {
-        "ECR_REPOSITORY": "semif-proxy", "IMAGE_TAG": "v1", "DOCKERFILE": "container/Dockerfile",
-        "BASE_IMAGE": BASE, "LLAMA_CPP_REF": "b11312",
+        "ECR_REPOSITORY": "semif-proxy",
+        "IMAGE_TAG": "v1",
+        "DOCKERFILE": "container/Dockerfile",
+        "BASE_IMAGE": BASE,
+        "LLAMA_CPP_REF": "b11312",
     }
     source = s3.get_object(Bucket="builds", Key="src/semif-proxy-source.zip")["Body"].read()
     import zipfile
@@ -158,7 +175,11 @@ def test_build_image_updates_an_existing_project() -> None:
     codebuild = boto3.client("codebuild", region_name=REGION)
     spec = image.project_spec(image_build())
     with Stubber(codebuild) as stub:  # moto has no UpdateProject
-        stub.add_response("batch_get_projects", {"projects": [{"name": "semif-image"}]}, {"names": ["semif-image"]})
+        stub.add_response(
+            "batch_get_projects",
+            {"projects": [{"name": "semif-image"}]},
+            {"names": ["semif-image"]},
+        )
         stub.add_response("update_project", {"project": {"name": "semif-image"}}, spec)
         assert image.ensure_project(codebuild, image_build()) == "updated"
 
@@ -169,15 +190,23 @@ def test_build_image_errors(tmp_path: Path) -> None:
     ecr = boto3.client("ecr", region_name=REGION)
     with pytest.raises(DeployError, match="base image must be pinned by digest"):
         image.build_image(s3, codebuild, ecr, image_build(base_image="x:latest"), ROOT, tmp_path)
-    with pytest.raises(DeployError, match="ECR repository 'semif-proxy'.*RepositoryNotFound"):
+    with pytest.raises(DeployError, match=r"ECR repository 'semif-proxy'.*RepositoryNotFound"):
         image.build_image(s3, codebuild, ecr, image_build(), ROOT, tmp_path)
     ecr.create_repository(repositoryName="semif-proxy")
     with pytest.raises(DeployError, match="could not use bucket 'builds'"):
         image.build_image(s3, codebuild, ecr, image_build(), ROOT, tmp_path)
-    failed = {"builds": [{"id": "b:1", "buildStatus": "FAILED", "phases": [
-        {"phaseType": "SUBMITTED", "phaseStatus": "SUCCEEDED"},
-        {"phaseType": "BUILD", "phaseStatus": "FAILED"},
-    ]}]}
+    failed = {
+        "builds": [
+            {
+                "id": "b:1",
+                "buildStatus": "FAILED",
+                "phases": [
+                    {"phaseType": "SUBMITTED", "phaseStatus": "SUCCEEDED"},
+                    {"phaseType": "BUILD", "phaseStatus": "FAILED"},
+                ],
+            }
+        ]
+    }
     with Stubber(codebuild) as stub:
         stub.add_response("batch_get_builds", failed, {"ids": ["b:1"]})
         with pytest.raises(DeployError, match="ended FAILED in phase BUILD"):
@@ -216,7 +245,7 @@ def test_deploy_invoke_delete() -> None:
     assert variant["ContainerStartupHealthCheckTimeoutInSeconds"] >= 600
     assert variant["ModelDataDownloadTimeoutInSeconds"] >= 600
     assert variant["InstanceType"] == "ml.c5.xlarge"
-    content_type, body = endpoint.invoke(runtime, "semif-ep", b'{"decision": {}}')
+    _, body = endpoint.invoke(runtime, "semif-ep", b'{"decision": {}}')
     assert body  # moto answers with canned data; the call shape is what is tested here
     assert endpoint.delete(sm, "semif-ep") == ["endpoint", "endpoint config", "model"]
     with pytest.raises(DeployError, match="nothing named 'semif-ep'"):
@@ -228,7 +257,7 @@ def test_deploy_refuses_bad_input_before_any_call() -> None:
     calls = Calls(sm)
     with pytest.raises(DeployError, match="image must be pinned by digest"):
         endpoint.deploy(sm, deployment(image="repo/semif-proxy:latest"))
-    with pytest.raises(DeployError, match="model.tar.gz"):
+    with pytest.raises(DeployError, match=r"model\.tar\.gz"):
         endpoint.deploy(sm, deployment(model_data="s3://models/model.gguf"))
     with pytest.raises(DeployError, match="at least 600"):
         endpoint.deploy(sm, deployment(startup_timeout=60))
@@ -238,10 +267,13 @@ def test_deploy_refuses_bad_input_before_any_call() -> None:
 def test_endpoint_failure_is_reported_with_its_reason() -> None:
     sm = boto3.client("sagemaker", region_name=REGION)
     failed = {
-        "EndpointName": "semif-ep", "EndpointArn": "arn:aws:sagemaker:us-east-1:1:endpoint/semif-ep",
-        "EndpointConfigName": "semif-ep", "EndpointStatus": "Failed",
+        "EndpointName": "semif-ep",
+        "EndpointArn": "arn:aws:sagemaker:us-east-1:1:endpoint/semif-ep",
+        "EndpointConfigName": "semif-ep",
+        "EndpointStatus": "Failed",
         "FailureReason": "The primary container did not pass the ping health check.",
-        "CreationTime": "2026-01-01T00:00:00Z", "LastModifiedTime": "2026-01-01T00:00:00Z",
+        "CreationTime": "2026-01-01T00:00:00Z",
+        "LastModifiedTime": "2026-01-01T00:00:00Z",
     }
     creating = dict(failed, EndpointStatus="Creating")
     del creating["FailureReason"]
@@ -252,7 +284,9 @@ def test_endpoint_failure_is_reported_with_its_reason() -> None:
             endpoint.wait_in_service(sm, "semif-ep", sleep=lambda _: None)
 
 
-def test_deploy_command_needs_a_role(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+def test_deploy_command_needs_a_role(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.delenv("SEMIF_SAGEMAKER_ROLE", raising=False)
     args = ["deploy", "--image", deployment().image, "--model-data", "s3://m/model.tar.gz"]
     assert main(args) == 1

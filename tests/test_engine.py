@@ -140,7 +140,7 @@ def test_prefix_cache_hit_gives_identical_results(model_path: Path) -> None:
     on = DecisionEngine.load(engine_settings(model_path, prefix_cache_mb=64))
     off = DecisionEngine.load(engine_settings(model_path, prefix_cache_mb=0))
     try:
-        first, t1 = on.decide([decision("a", state=long_state)], ["decision"])
+        _, t1 = on.decide([decision("a", state=long_state)], ["decision"])
         on.decide([decision("b", state="something else entirely")], ["decision"])
         second, t2 = on.decide(
             [decision("c", state=long_state, question="Who owns it?")], ["decision"]

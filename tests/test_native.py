@@ -53,7 +53,9 @@ def test_tokenize_round_trip_and_special_parsing(engine: native.Engine) -> None:
     assert len(engine.tokenize("<|im_start|>", parse_special=False)) > 1
 
 
-LONG = PROMPT.replace("Is the sky blue?", "Is the sky blue? " + "The sun is up and there are no clouds. " * 12)
+LONG = PROMPT.replace(
+    "Is the sky blue?", "Is the sky blue? " + "The sun is up and there are no clouds. " * 12
+)
 
 
 def test_same_logits_fresh_copied_and_restored(engine: native.Engine) -> None:

@@ -31,8 +31,17 @@ pytestmark = [
 
 def build_wheel(out: Path, build_dir: Path, defines: dict[str, str]) -> Path:
     args = [
-        sys.executable, "-m", "pip", "wheel", str(ROOT), "--no-build-isolation", "--no-deps",
-        "-q", "-w", str(out), f"-Cbuild-dir={build_dir}",
+        sys.executable,
+        "-m",
+        "pip",
+        "wheel",
+        str(ROOT),
+        "--no-build-isolation",
+        "--no-deps",
+        "-q",
+        "-w",
+        str(out),
+        f"-Cbuild-dir={build_dir}",
     ]
     args += [f"-Ccmake.define.{k}={v}" for k, v in defines.items()]
     subprocess.run(args, check=True, cwd=ROOT, timeout=900)
@@ -56,7 +65,10 @@ def import_from(tree: Path, env: dict[str, str] | None = None) -> str:
     )
     out = subprocess.run(
         [sys.executable, "-c", code],
-        capture_output=True, text=True, timeout=60, env={**os.environ, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, **(env or {})},
     )
     assert out.returncode == 0, out.stderr
     return out.stdout

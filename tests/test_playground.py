@@ -13,7 +13,9 @@ from tests.helpers.server import ProxyProcess
 pw = pytest.importorskip("playwright.sync_api")
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 ARTIFACTS = Path(__file__).resolve().parent / "artifacts"
-pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium (make test installs it)")
+pytestmark = pytest.mark.skipif(
+    CHROMIUM is None, reason="needs Debian's chromium (make test installs it)"
+)
 
 
 @pytest.fixture(scope="module")
@@ -51,15 +53,22 @@ def test_example_decision_draws_bars(page: object) -> None:
     first = results.nth(0)
     rows = first.locator(".bar-row")
     assert [rows.nth(i).get_attribute("data-option") for i in range(rows.count())] == [
-        "billing", "account_access", "shipping",
+        "billing",
+        "account_access",
+        "shipping",
     ]
     probs = [float(rows.nth(i).get_attribute("data-probability")) for i in range(rows.count())]
     assert sum(probs) == pytest.approx(1.0, abs=1e-6)
-    shown = [float(rows.nth(i).locator(".pct").inner_text().split()[0]) for i in range(rows.count())]
+    shown = [
+        float(rows.nth(i).locator(".pct").inner_text().split()[0]) for i in range(rows.count())
+    ]
     assert sum(shown) == pytest.approx(100.0, abs=0.2)
     top = first.locator(".bar-row.top")
     assert top.count() == 1
-    assert top.get_attribute("data-option") == ["billing", "account_access", "shipping"][probs.index(max(probs))]
+    assert (
+        top.get_attribute("data-option")
+        == ["billing", "account_access", "shipping"][probs.index(max(probs))]
+    )
     assert "logit" in first.inner_text() and "allowed token mass" in first.inner_text()
     first.locator("details summary").click()
     assert "<|im_start|>" in first.locator("details pre").inner_text()

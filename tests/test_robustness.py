@@ -134,7 +134,9 @@ def test_64_clients_get_200_or_503_with_retry_after(limited: ProxyProcess) -> No
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
-    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=12), inner, max_size=4),
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=12), inner, max_size=4)
+    ),
     max_leaves=12,
 )
 keys = st.sampled_from(
@@ -146,7 +148,9 @@ bodies = st.one_of(
     st.dictionaries(keys, json_values, max_size=4).map(lambda v: json.dumps(v).encode()),
     st.builds(
         lambda d, junk: json.dumps({"decision": {**decision(0)["decision"], **d}}).encode() + junk,
-        st.dictionaries(st.sampled_from(["id", "state", "question", "options"]), json_values, max_size=2),
+        st.dictionaries(
+            st.sampled_from(["id", "state", "question", "options"]), json_values, max_size=2
+        ),
         st.sampled_from([b"", b"}", b"\x00", b"\xff"]),
     ),
 )
@@ -190,7 +194,9 @@ def test_server_healthy_after_fuzzing(limited: ProxyProcess) -> None:
 
 
 def test_slow_decision_times_out_with_504(model_path: Path) -> None:
-    server = ProxyProcess(model_path, {"SEMIF_CHAT": "off", "SEMIF_REQUEST_TIMEOUT": "0.01"}).start()
+    server = ProxyProcess(
+        model_path, {"SEMIF_CHAT": "off", "SEMIF_REQUEST_TIMEOUT": "0.01"}
+    ).start()
     try:
         body = decision(2)
         body["decision"]["state"] = "A long ticket. " * 300
@@ -214,7 +220,10 @@ def _stream_request(port: int, max_tokens: int) -> socket.socket:
     sock = socket.create_connection(("127.0.0.1", port), timeout=60)
     sock.sendall(
         b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-        b"Content-Length: " + str(len(request)).encode() + b"\r\nConnection: close\r\n\r\n" + request
+        b"Content-Length: "
+        + str(len(request)).encode()
+        + b"\r\nConnection: close\r\n\r\n"
+        + request
     )
     return sock
 

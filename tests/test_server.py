@@ -12,13 +12,14 @@ from pathlib import Path
 import pytest
 
 from semif_proxy import native
-
 from tests.conftest import GPU_LAYERS
 from tests.helpers.server import ProxyProcess
 
 DECISION = {
     "id": "route-1",
-    "state": "Customer email: I requested a password reset three times but the email never arrives.",
+    "state": (
+        "Customer email: I requested a password reset three times but the email never arrives."
+    ),
     "question": "Which support queue should handle this ticket?",
     "options": [
         {"id": "billing", "description": "Billing, invoices, refunds and payment problems"},

@@ -64,7 +64,7 @@ def test_discovery_one_level_down_and_first_shard(tmp_path: Path) -> None:
 def test_discovery_does_not_go_two_levels_down(tmp_path: Path) -> None:
     _touch(tmp_path / "a" / "b" / "deep.gguf")
     (tmp_path / "notes.md").write_text("x")
-    with pytest.raises(ModelNotFoundError, match="notes.md"):
+    with pytest.raises(ModelNotFoundError, match=r"notes\.md"):
         discover_model(tmp_path)
 
 

@@ -66,13 +66,22 @@ def test_sdk_round_trips_every_question_type(client: ts.TypeSafeClient) -> None:
     probs = {int(k): v for k, v in urgency.probabilities.items()}
     assert 0.0 <= urgency.score <= 2.0
     assert urgency.score == pytest.approx(sum(k * p for k, p in probs.items()))
-    assert {int(k): v for k, v in urgency.legend.items()} == {0: "can wait", 1: "this week", 2: "today"}
+    assert {int(k): v for k, v in urgency.legend.items()} == {
+        0: "can wait",
+        1: "this week",
+        2: "today",
+    }
 
 
 def test_sdk_object_state_and_instructions(client: ts.TypeSafeClient) -> None:
     response = client.system_one(
         {"ticket": {"subject": "refund", "body": "Please refund order 12"}, "tier": "gold"},
-        {"refund": {"type": "noul", "instructions": {"task": "Does the customer ask for money back?"}}},
+        {
+            "refund": {
+                "type": "noul",
+                "instructions": {"task": "Does the customer ask for money back?"},
+            }
+        },
     )
     assert 0.0 <= response.nouls["refund"].noul <= 1.0
 
@@ -84,9 +93,11 @@ def test_sdk_lists_models(client: ts.TypeSafeClient) -> None:
 
 def test_sdk_error_classes(keyed: ProxyProcess) -> None:
     questions = {"q": {"type": "noul", "instructions": "Is it?"}}
-    with ts.TypeSafeClient(base_url=keyed.url, api_key="wrong-key", retry=NO_RETRY) as bad:
-        with pytest.raises(ts.TypeSafeAuthenticationError):
-            bad.system_one(STATE, questions)
+    with (
+        ts.TypeSafeClient(base_url=keyed.url, api_key="wrong-key", retry=NO_RETRY) as bad,
+        pytest.raises(ts.TypeSafeAuthenticationError),
+    ):
+        bad.system_one(STATE, questions)
     with ts.TypeSafeClient(base_url=keyed.url, api_key=KEY, retry=NO_RETRY) as good:
         with pytest.raises(ts.TypeSafeUnprocessableEntityError):
             good.system_one(STATE, questions, model="gpt-9")
@@ -105,7 +116,9 @@ def test_api_key_guards_v1_but_not_ping_or_invocations(keyed: ProxyProcess) -> N
     assert keyed.call("POST", "/invocations", body).status == 200  # SageMaker signs these itself
 
 
-def test_large_bodies_arrive_zstd_compressed(client: ts.TypeSafeClient, keyed: ProxyProcess) -> None:
+def test_large_bodies_arrive_zstd_compressed(
+    client: ts.TypeSafeClient, keyed: ProxyProcess
+) -> None:
     from typesafe_sdk._core.compression import COMPRESSORS
 
     assert "zstd" in COMPRESSORS  # the SDK compresses bodies of 1 KiB and more
@@ -119,7 +132,10 @@ def test_large_bodies_arrive_zstd_compressed(client: ts.TypeSafeClient, keyed: P
     )
     assert reply.status == 200 and reply.json()["answers"]["b"]["type"] == "noul"
     garbage = keyed.call(
-        "POST", "/v1/systemone", raw=b"\x28\xb5\x2f\xfdnot zstd", headers={**auth(), "Content-Encoding": "zstd"}
+        "POST",
+        "/v1/systemone",
+        raw=b"\x28\xb5\x2f\xfdnot zstd",
+        headers={**auth(), "Content-Encoding": "zstd"},
     )
     assert garbage.status == 400 and garbage.json()["error"]["field"] == "body"
     bomb = COMPRESSORS["zstd"](b'{"state": "' + b" " * (3 << 20) + b'"}')  # 3 MiB in ~100 bytes

@@ -61,8 +61,12 @@ def build_image(args: argparse.Namespace) -> str:
     )
     with tempfile.TemporaryDirectory() as work:
         return run(
-            _client("s3", args.region), _client("codebuild", args.region),
-            _client("ecr", args.region), build, Path(args.root), Path(work),
+            _client("s3", args.region),
+            _client("codebuild", args.region),
+            _client("ecr", args.region),
+            build,
+            Path(args.root),
+            Path(work),
         )
 
 
@@ -86,7 +90,9 @@ def deploy(args: argparse.Namespace) -> str:
 def invoke(args: argparse.Namespace) -> str:
     from semif_proxy.deploy.endpoint import invoke as run
 
-    _, body = run(_client("sagemaker-runtime", args.region), args.endpoint, Path(args.body).read_bytes())
+    _, body = run(
+        _client("sagemaker-runtime", args.region), args.endpoint, Path(args.body).read_bytes()
+    )
     try:
         return json.dumps(json.loads(body), indent=2)
     except ValueError:

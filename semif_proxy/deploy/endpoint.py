@@ -78,7 +78,10 @@ def create(sagemaker: Any, d: Deployment) -> None:
 
 
 def wait_in_service(
-    sagemaker: Any, name: str, timeout: float = 3600, poll: float = 30,
+    sagemaker: Any,
+    name: str,
+    timeout: float = 3600,
+    poll: float = 30,
     sleep: Callable[[float], None] = time.sleep,
 ) -> dict[str, Any]:
     deadline = time.monotonic() + timeout
@@ -100,7 +103,8 @@ def wait_in_service(
 
 
 def deploy(
-    sagemaker: Any, d: Deployment,
+    sagemaker: Any,
+    d: Deployment,
     wait: Callable[[Any, str], dict[str, Any]] = wait_in_service,
 ) -> dict[str, Any]:
     create(sagemaker, d)

@@ -14,8 +14,16 @@ from semif_proxy.deploy import s3uri
 from semif_proxy.deploy.errors import DeployError, aws_errors
 
 # What the image build needs; everything else in the repository stays home.
-SOURCE_PATHS = ("pyproject.toml", "CMakeLists.txt", "README.md", ".dockerignore", "cmake",
-                "csrc", "semif_proxy", "container")
+SOURCE_PATHS = (
+    "pyproject.toml",
+    "CMakeLists.txt",
+    "README.md",
+    ".dockerignore",
+    "cmake",
+    "csrc",
+    "semif_proxy",
+    "container",
+)
 FINISHED = {"SUCCEEDED", "FAILED", "FAULT", "STOPPED", "TIMED_OUT"}
 
 
@@ -72,7 +80,11 @@ def project_spec(build: ImageBuild) -> dict[str, Any]:
     }
     return {
         "name": build.project,
-        "source": {"type": "S3", "location": f"{bucket}/{key}", "buildspec": "container/buildspec.yml"},
+        "source": {
+            "type": "S3",
+            "location": f"{bucket}/{key}",
+            "buildspec": "container/buildspec.yml",
+        },
         "artifacts": {"type": "NO_ARTIFACTS"},
         "environment": {
             "type": "LINUX_CONTAINER",
@@ -112,7 +124,10 @@ def ensure_project(codebuild: Any, build: ImageBuild) -> str:
 
 
 def wait_build(
-    codebuild: Any, build_id: str, timeout: float = 3600, poll: float = 15,
+    codebuild: Any,
+    build_id: str,
+    timeout: float = 3600,
+    poll: float = 15,
     sleep: Callable[[float], None] = time.sleep,
 ) -> dict[str, Any]:
     deadline = time.monotonic() + timeout
@@ -125,11 +140,16 @@ def wait_build(
         if status in FINISHED:
             if status != "SUCCEEDED":
                 phase = next(
-                    (p for p in builds[0].get("phases", []) if p.get("phaseStatus") not in (None, "SUCCEEDED")),
+                    (
+                        p
+                        for p in builds[0].get("phases", [])
+                        if p.get("phaseStatus") not in (None, "SUCCEEDED")
+                    ),
                     {},
                 )
                 raise DeployError(
-                    f"image build {build_id} ended {status} in phase {phase.get('phaseType', '?')}; "
+                    f"image build {build_id} ended {status} in phase "
+                    f"{phase.get('phaseType', '?')}; "
                     "see its CloudWatch log"
                 )
             return builds[0]
@@ -147,7 +167,12 @@ def image_uri(ecr: Any, repository: str, tag: str) -> str:
 
 
 def build_image(
-    s3: Any, codebuild: Any, ecr: Any, build: ImageBuild, root: Path, work_dir: Path,
+    s3: Any,
+    codebuild: Any,
+    ecr: Any,
+    build: ImageBuild,
+    root: Path,
+    work_dir: Path,
     wait: Callable[[Any, str], dict[str, Any]] = wait_build,
 ) -> str:
     require_digest(build.base_image, "the base image")

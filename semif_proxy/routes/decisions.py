@@ -42,7 +42,9 @@ def check_count(count: int, field: str, limit: int) -> None:
     if count > limit:
         raise PayloadTooLarge(
             f"{field}: {count} {field}, over the limit of {limit} (SEMIF_MAX_DECISIONS)",
-            field=field, count=count, limit=limit,
+            field=field,
+            count=count,
+            limit=limit,
         )
 
 

@@ -27,7 +27,10 @@ def _file(name: str) -> web.Response:
     if name not in FILES:
         raise NotFound(f"no playground file {name!r}")
     return web.Response(
-        body=(STATIC / name).read_bytes(), content_type=FILES[name], charset="utf-8", headers=HEADERS
+        body=(STATIC / name).read_bytes(),
+        content_type=FILES[name],
+        charset="utf-8",
+        headers=HEADERS,
     )
 
 

@@ -2,7 +2,8 @@
 
 Byte-level BPE vocabulary (all 256 bytes, so any text tokenizes), ChatML special tokens and a
 ChatML chat template. ``letter_merges=True`` adds merges that glue a space to the capital
-letters (and a template whose answer follows a space), which breaks the "answer letter is its own token after the prompt" property;
+letters (and a template whose answer follows a space), which breaks the "answer letter is its own
+token after the prompt" property;
 ``boundary_merge=True`` glues a quote to a comma, which breaks the state-prefix split.
 """
 

@@ -1,0 +1,130 @@
+"""Shared pieces of the benchmarks: a server to measure, timed HTTP calls, statistics, memory."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tests.helpers.server import ProxyProcess
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+@dataclass
+class Timed:
+    status: int
+    seconds: float
+    body: Any
+
+
+def post(
+    url: str, body: Any, timeout: float = 600.0, headers: dict[str, str] | None = None
+) -> Timed:
+    data = json.dumps(body).encode()
+    req = urllib.request.Request(
+        url,
+        data=data,
+        method="POST",
+        headers={"Content-Type": "application/json", **(headers or {})},
+    )
+    start = time.perf_counter()
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            raw = resp.read()
+            status = resp.status
+    except urllib.error.HTTPError as err:
+        raw, status = err.read(), err.code
+    elapsed = time.perf_counter() - start
+    try:
+        parsed = json.loads(raw)
+    except ValueError:
+        parsed = raw.decode("utf-8", "replace")
+    return Timed(status, elapsed, parsed)
+
+
+def get_json(url: str) -> Any:
+    with urllib.request.urlopen(url, timeout=60) as resp:
+        return json.loads(resp.read())
+
+
+def pct(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    k = (len(ordered) - 1) * q
+    lo, hi = int(k), min(int(k) + 1, len(ordered) - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
+
+
+def summary(values: list[float]) -> dict[str, float]:
+    return {
+        "n": len(values),
+        "p50": pct(values, 0.5),
+        "p95": pct(values, 0.95),
+        "max": max(values) if values else float("nan"),
+        "mean": statistics.fmean(values) if values else float("nan"),
+    }
+
+
+def memory_kb(pid: int) -> dict[str, int]:
+    """RSS, PSS and peak RSS (kB). PSS splits the mmap'ed GGUF pages between the processes
+    that share them, so proxy + llama-server PSS adds up to what the machine really holds."""
+    out: dict[str, int] = {}
+    for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+        key, _, rest = line.partition(":")
+        if key in ("Rss", "Pss"):
+            out[key.lower()] = int(rest.split()[0])
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            out["peak_rss"] = int(line.split()[1])
+    return out
+
+
+def machine() -> dict[str, Any]:
+    model_name = ""
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            model_name = line.split(":", 1)[1].strip()
+            break
+    return {
+        "cpu": model_name,
+        "cores": os.cpu_count(),
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+    }
+
+
+def progress(done: int, total: int, label: str) -> None:
+    width = 30
+    filled = int(width * done / max(total, 1))
+    sys.stderr.write(f"\r{label:>12} [{'#' * filled}{'.' * (width - filled)}] {done}/{total}")
+    if done == total:
+        sys.stderr.write("\n")
+    sys.stderr.flush()
+
+
+def start_server(model: Path, env: dict[str, str] | None = None) -> ProxyProcess:
+    base = {
+        "SEMIF_THREADS": "1",
+        "SM_LLAMA_CPP_THREADS": "1",
+        "SM_LLAMA_CPP_CTX_SIZE": "8192",
+        "SEMIF_CTX_SIZE": "8192",
+        "SEMIF_MAX_DECISIONS": "64",
+    }
+    return ProxyProcess(model, {**base, **(env or {})}).start(timeout=300)
+
+
+def write(name: str, payload: dict[str, Any]) -> Path:
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    path = RESULTS / f"{name}.json"
+    path.write_text(json.dumps(payload, indent=2) + "\n")
+    return path

@@ -1,0 +1,140 @@
+"""`make bench` / `python -m bench`: run the benchmarks against one server and write
+bench/results/<suite>-<model>.json plus a markdown summary.
+
+    python -m bench --model ~/.cache/semif-proxy/models/SmolLM2-135M-Instruct.Q4_1.gguf all
+    python -m bench --endpoint http://127.0.0.1:8080 jevbench --limit 50
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from bench import common, suites
+
+SUITES = ("jevbench", "generation", "overhead", "shared", "prefix", "scaling")
+
+
+class Endpoint:
+    """An already running server (--endpoint) looks like a started one to the suites."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url.rstrip("/")
+        health = common.get_json(self.url + "/health")
+
+        class _Proc:
+            pid = health["pid"]
+
+        self.proc = _Proc()
+
+
+def run_suite(name: str, server: Any, args: argparse.Namespace) -> dict[str, Any]:
+    if name == "jevbench":
+        out = suites.jevbench(server, args.limit, args.tasks, via_invocations=False)
+        if args.invocations:
+            out["via_invocations"] = suites.jevbench(server, args.limit, args.tasks, True)
+        return out
+    if name == "generation":
+        return suites.generation(
+            server, args.limit or 40, args.tasks or "easy,original", n_probs=10
+        )
+    if name == "overhead":
+        return suites.overhead(server, repeats=args.repeats)
+    if name == "shared":
+        return suites.shared(server, questions=21, rounds=max(2, args.repeats // 10))
+    if name == "prefix":
+        return suites.prefix_cache(server, state_tokens=1200, rounds=max(2, args.repeats // 10))
+    return suites.scaling(
+        server,
+        [100, 500, 1000, 2000, 4000],
+        [2, 4, 8, 16, 26],
+        [1, 2, 4, 8],
+        per_client=max(2, args.repeats // 10),
+    )
+
+
+def headline(name: str, r: dict[str, Any]) -> str:
+    if name == "jevbench":
+        lat = r["latency_seconds"]
+        return (
+            f"accuracy {r['correct']}/{r['tasks']} ({r['accuracy']:.1%}), "
+            f"p50 {lat['p50'] * 1000:.0f} ms, "
+            f"p95 {lat['p95'] * 1000:.0f} ms, max {lat['max'] * 1000:.0f} ms, ECE {r['ece']:.3f}"
+        )
+    if name == "generation":
+        return (
+            f"chat/decision p50 {r['chat_over_decision_p50']:.2f}x, /completion/decision p50 "
+            f"{r['completion_over_decision_p50']:.2f}x, chat argmax agreement "
+            f"{r['chat_argmax_agreement']:.0%} (unparseable {r['chat_unparseable']:.0%}), "
+            f"/completion missing a letter in top-{r['n_probs']}: "
+            f"{r['completion_missing_some_letter']:.0%}"
+        )
+    if name == "overhead":
+        return f"HTTP/forward p50 {r['ratio_p50']:.3f} (target <= {r['target_ratio_p50']})"
+    if name == "shared":
+        rate = r["decisions_per_s"]
+        return (
+            f"{r['questions']} questions, {r['prompt_tokens_per_question']} tokens each: shared "
+            f"{rate['shared']:.1f}/s vs cold singles {rate['singles_cold']:.1f}/s "
+            f"({r['speedup_vs_cold_singles']:.2f}x, target >= {r['target_speedup']}x) vs singles "
+            f"reusing the prefix {rate['singles_reusing_prefix']:.1f}/s "
+            f"({r['speedup_vs_reusing_singles']:.2f}x)"
+        )
+    if name == "prefix":
+        return (
+            f"{r['state_tokens']}-token state: warm/cold p50 {r['warm_over_cold_p50']:.2f} "
+            f"(target <= {r['target_ratio']}), {r['cache_hits']} cache hits"
+        )
+    mem = r["memory_kb"]
+    pss = sum(m.get("pss", 0) for m in mem.values()) / 1024
+    rates = ", ".join(f"{c}: {v['decisions_per_s']:.1f}/s" for c, v in r["by_clients"].items())
+    return f"clients {rates}; PSS total {pss:.0f} MiB"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("suites", nargs="+", choices=(*SUITES, "all"))
+    parser.add_argument("--model", type=Path, help="GGUF to serve (started here)")
+    parser.add_argument("--endpoint", help="use a running server instead")
+    parser.add_argument("--limit", type=int, help="at most this many JevBench tasks")
+    parser.add_argument("--tasks", help="JevBench files or task ids, comma-separated")
+    parser.add_argument("--repeats", type=int, default=30)
+    parser.add_argument("--invocations", action="store_true", help="JevBench also via /invocations")
+    parser.add_argument("--tag", help="name in the results files (default: the model file stem)")
+    args = parser.parse_args(argv)
+    names = SUITES if "all" in args.suites else tuple(args.suites)
+    if not args.endpoint and not args.model:
+        parser.error("give --model or --endpoint")
+    server: Any = Endpoint(args.endpoint) if args.endpoint else common.start_server(args.model)
+    tag = args.tag or (args.model.stem if args.model else "endpoint")
+    lines = [f"# {tag}", "", f"machine: {json.dumps(common.machine())}", ""]
+    try:
+        for name in names:
+            start = time.perf_counter()
+            result = run_suite(name, server, args)
+            result["wall_seconds"] = time.perf_counter() - start
+            result["machine"] = common.machine()
+            result["model"] = tag
+            path = common.write(f"{name}-{tag}", result)
+            if name == "jevbench":
+                suites.plots(result, path.with_suffix(".png"))
+            line = f"- **{name}**: {headline(name, result)}"
+            print(line, flush=True)
+            lines.append(line)
+    finally:
+        if not args.endpoint:
+            server.stop()
+    (common.RESULTS / f"summary-{tag}.md").write_text("\n".join(lines) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
