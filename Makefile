@@ -86,6 +86,13 @@ test-gpu:
 	$(MAKE) build-gpu model
 	SEMIF_TEST_MODEL=$(MODEL) SEMIF_TEST_GPU_LAYERS=999 $(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
 
+# Side-by-side benchmarks; numbers go to bench/results/ (see README "Benchmarks").
+BENCH_ARGS ?=
+bench: build model model-qwen
+	$(VENV)/bin/pip install -q "matplotlib>=3.7"
+	$(PY) -m bench --model $(MODEL) --tag smollm2 $(BENCH_ARGS) all
+	$(PY) -m bench --model $(QWEN) --tag qwen2.5-0.5b --tasks easy,original $(BENCH_ARGS) all
+
 lint: $(VENV)/.deps
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .

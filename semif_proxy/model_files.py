@@ -46,7 +46,7 @@ def discover_model(model_dir: Path) -> Path:
     )
 
 
-def _hash_file(path: Path) -> str:
+def file_sha256(path: Path) -> str:
     digest = hashlib.sha256()
     with path.open("rb") as fh:
         for chunk in iter(lambda: fh.read(1 << 22), b""):
@@ -81,7 +81,7 @@ def model_sha256(path: Path) -> str:
             return str(cached["sha256"])
     except (OSError, ValueError):
         pass
-    sha = _hash_file(path)
+    sha = file_sha256(path)
     try:
         sidecar.write_text(json.dumps({"key": key, "sha256": sha}))
     except OSError:

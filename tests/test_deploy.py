@@ -18,7 +18,7 @@ from moto import mock_aws
 from semif_proxy.cli import main
 from semif_proxy.deploy import endpoint, image, package
 from semif_proxy.deploy.errors import DeployError
-from semif_proxy.model_files import MANIFEST_NAME, model_sha256
+from semif_proxy.model_files import MANIFEST_NAME, file_sha256, model_sha256
 
 REGION = "us-east-1"
 ROOT = Path(__file__).resolve().parent.parent
@@ -68,7 +68,7 @@ def test_package_model_uploads_gguf_and_manifest(tiny_model: Path, tmp_path: Pat
         tar.extractall(tmp_path / "opt-ml-model", filter="data")
     [entry] = manifest["files"]
     assert entry["file"] == tiny_model.name and entry["bytes"] == tiny_model.stat().st_size
-    assert entry["sha256"] == package.sha256_of(tiny_model)
+    assert entry["sha256"] == file_sha256(tiny_model)
     # The server reads the manifest instead of hashing again (and writes no sidecar).
     unpacked = tmp_path / "opt-ml-model" / tiny_model.name
     assert model_sha256(unpacked) == entry["sha256"]
@@ -134,7 +134,7 @@ def test_build_image_end_to_end(tmp_path: Path) -> None:
         image_build(),
         ROOT,
         tmp_path,
-        wait=lambda cb, bid: image.wait_build(cb, bid, poll=0, sleep=lambda _: None),
+        wait=lambda cb, bid: image.wait_build(cb, bid, interval=0, sleep=lambda _: None),
     )
     assert uri == f"{repo['repositoryUri']}@{digest}"
     assert calls.names() == [

@@ -209,3 +209,14 @@ def test_every_jevbench_task_gets_a_valid_answer(model_path: Path) -> None:
         print(f"JevBench on the default model: {right}/231 correct")
     finally:
         server.stop()
+
+
+def test_strict_mode_drops_the_diagnostics_block(model_path: Path) -> None:
+    server = ProxyProcess(model_path, {"SEMIF_CHAT": "off", "SEMIF_STRICT": "1"}).start()
+    try:
+        body = {"model": "jev-latest", "state": STATE, "questions": {"q": {"type": "noul"}}}
+        reply = server.call("POST", "/v1/systemone", body)
+        assert reply.status == 200 and reply.headers.get("X-Request-Id")
+        assert set(reply.json()) == {"model", "answers", "usage"}
+    finally:
+        server.stop()

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from semif_proxy.deploy import s3uri
-from semif_proxy.deploy.errors import DeployError, aws_errors
+from semif_proxy.deploy.errors import DeployError, aws_errors, poll
 from semif_proxy.deploy.image import require_digest
 
 # Large GGUFs take minutes to download and load; SageMaker's defaults are shorter.
@@ -81,25 +81,22 @@ def wait_in_service(
     sagemaker: Any,
     name: str,
     timeout: float = 3600,
-    poll: float = 30,
+    interval: float = 30,
     sleep: Callable[[float], None] = time.sleep,
 ) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    while True:
+    def step() -> tuple[bool, Any]:
         with aws_errors(f"describe endpoint {name!r}"):
             desc = sagemaker.describe_endpoint(EndpointName=name)
         status = desc["EndpointStatus"]
-        if status == "InService":
-            return desc
         if status in ("Failed", "OutOfService", "Deleting"):
             reason = desc.get("FailureReason", "no reason given")
             raise DeployError(
                 f"endpoint {name!r} is {status}: {reason} (container logs: CloudWatch "
                 f"/aws/sagemaker/Endpoints/{name})"
             )
-        if time.monotonic() > deadline:
-            raise DeployError(f"endpoint {name!r} still {status} after {timeout:.0f}s")
-        sleep(poll)
+        return status == "InService", desc if status == "InService" else status
+
+    return poll(step, f"endpoint {name!r}", timeout, interval, sleep)
 
 
 def deploy(

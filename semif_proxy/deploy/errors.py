@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import Any
 
 
 class DeployError(RuntimeError):
@@ -24,3 +26,21 @@ def aws_errors(action: str) -> Iterator[None]:
         ) from None
     except BotoCoreError as exc:
         raise DeployError(f"could not {action}: {exc}") from None
+
+
+def poll(
+    step: Callable[[], tuple[bool, Any]],
+    what: str,
+    timeout: float,
+    interval: float,
+    sleep: Callable[[float], None] = time.sleep,
+) -> Any:
+    """Call step() until it says done (it raises DeployError itself on failure states)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        done, value = step()
+        if done:
+            return value
+        if time.monotonic() > deadline:
+            raise DeployError(f"{what} still {value} after {timeout:.0f}s")
+        sleep(interval)

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from semif_proxy.deploy import s3uri
-from semif_proxy.deploy.errors import DeployError, aws_errors
+from semif_proxy.deploy.errors import DeployError, aws_errors, poll
 
 # What the image build needs; everything else in the repository stays home.
 SOURCE_PATHS = (
@@ -127,35 +127,27 @@ def wait_build(
     codebuild: Any,
     build_id: str,
     timeout: float = 3600,
-    poll: float = 15,
+    interval: float = 15,
     sleep: Callable[[float], None] = time.sleep,
 ) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    while True:
+    def step() -> tuple[bool, Any]:
         with aws_errors(f"read build {build_id}"):
             builds = codebuild.batch_get_builds(ids=[build_id]).get("builds", [])
         if not builds:
             raise DeployError(f"CodeBuild does not know build {build_id}")
         status = builds[0].get("buildStatus", "IN_PROGRESS")
-        if status in FINISHED:
-            if status != "SUCCEEDED":
-                phase = next(
-                    (
-                        p
-                        for p in builds[0].get("phases", [])
-                        if p.get("phaseStatus") not in (None, "SUCCEEDED")
-                    ),
-                    {},
-                )
-                raise DeployError(
-                    f"image build {build_id} ended {status} in phase "
-                    f"{phase.get('phaseType', '?')}; "
-                    "see its CloudWatch log"
-                )
-            return builds[0]
-        if time.monotonic() > deadline:
-            raise DeployError(f"image build {build_id} still {status} after {timeout:.0f}s")
-        sleep(poll)
+        if status in FINISHED and status != "SUCCEEDED":
+            phases = builds[0].get("phases", [])
+            failed = next(
+                (p for p in phases if p.get("phaseStatus") not in (None, "SUCCEEDED")), {}
+            )
+            raise DeployError(
+                f"image build {build_id} ended {status} in phase "
+                f"{failed.get('phaseType', '?')}; see its CloudWatch log"
+            )
+        return status == "SUCCEEDED", builds[0] if status == "SUCCEEDED" else status
+
+    return poll(step, f"image build {build_id}", timeout, interval, sleep)
 
 
 def image_uri(ecr: Any, repository: str, tag: str) -> str:

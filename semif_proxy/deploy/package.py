@@ -6,7 +6,6 @@ The manifest lets the server skip hashing a multi-gigabyte file at start-up.
 
 from __future__ import annotations
 
-import hashlib
 import io
 import json
 import tarfile
@@ -15,15 +14,7 @@ from typing import Any
 
 from semif_proxy.deploy import s3uri
 from semif_proxy.deploy.errors import DeployError, aws_errors
-from semif_proxy.model_files import MANIFEST_NAME
-
-
-def sha256_of(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 22), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
+from semif_proxy.model_files import MANIFEST_NAME, file_sha256
 
 
 def build_archive(gguf: Path, out_dir: Path) -> tuple[Path, dict[str, Any]]:
@@ -33,7 +24,7 @@ def build_archive(gguf: Path, out_dir: Path) -> tuple[Path, dict[str, Any]]:
         if fh.read(4) != b"GGUF":
             raise DeployError(f"{gguf} is not a GGUF file (bad magic)")
     manifest = {
-        "files": [{"file": gguf.name, "bytes": gguf.stat().st_size, "sha256": sha256_of(gguf)}]
+        "files": [{"file": gguf.name, "bytes": gguf.stat().st_size, "sha256": file_sha256(gguf)}]
     }
     archive = out_dir / "model.tar.gz"
     with tarfile.open(archive, "w:gz", compresslevel=1) as tar:  # GGUF barely compresses
