@@ -74,9 +74,8 @@ struct ContinuationResult {
     ScoreStats stats;
 };
 
-// Branch suffixes start on KV cells that are multiples of this (see decode_branches). It covers
-// the CPU attention kernels' summation blocks: 8-float softmax chunks and 32-element f16
-// dot-product steps with AVX2, twice that with AVX-512.
+// Branch suffixes start on KV cells that are multiples of this (see decode_branches): the
+// widest summation block of the CPU attention kernels in this build (8, 32 or 64).
 size_t attention_cell_align();
 
 class Engine {

@@ -51,13 +51,23 @@ async def read_limited(request: web.Request, limit: int) -> bytes:
     return bytes(chunks)
 
 
+def _no_constants(name: str) -> Any:
+    # Python's json accepts NaN and Infinity; JSON (and llama-server's parser) does not.
+    raise ValueError(f"{name} is not a JSON value")
+
+
+def parse_json(raw: bytes) -> Any:
+    """Strict JSON, or InvalidRequest naming the body."""
+    try:
+        return json.loads(raw, parse_constant=_no_constants)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise InvalidRequest(f"body is not valid JSON: {exc}", field="body") from None
+
+
 async def read_json_object(request: web.Request, limit: int) -> tuple[dict[str, Any], bytes]:
     require_json(request)
     raw = await read_limited(request, limit)
-    try:
-        body = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise InvalidRequest(f"body is not valid JSON: {exc}", field="body") from None
+    body = parse_json(raw)
     if not isinstance(body, dict):
         raise InvalidRequest("body must be a JSON object", field="body")
     return body, raw

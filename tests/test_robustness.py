@@ -173,8 +173,9 @@ def _post(port: int, raw: bytes, content_type: str) -> tuple[int, bytes]:
     return int(head.split(b" ", 2)[1]), body
 
 
+@pytest.mark.timeout(1200)
 @settings(
-    max_examples=int(os.environ.get("SEMIF_FUZZ_EXAMPLES", "1500")),
+    max_examples=int(os.environ.get("SEMIF_FUZZ_EXAMPLES", "2000")),
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
     derandomize=True,

@@ -118,6 +118,10 @@ def test_body_limits_and_media_type(proxy: ProxyProcess) -> None:
     assert text.status == 415 and text.json()["error"]["field"] == "Content-Type"
     broken = proxy.call("POST", "/invocations", raw=b"{not json")
     assert broken.status == 400 and broken.json()["error"]["field"] == "body"
+    # Python's json takes Infinity; llama-server's parser would answer 500 (found by fuzzing).
+    for path in ("/invocations", "/v1/chat/completions"):
+        inf = proxy.call("POST", path, raw=b'{"messages": Infinity}')
+        assert inf.status == 400 and "not a JSON value" in inf.json()["error"]["message"]
     tokens = proxy.call("POST", "/v1/decisions", bad(state="word " * 5000))
     assert (
         tokens.status == 413 and tokens.json()["error"]["tokens"] > tokens.json()["error"]["limit"]

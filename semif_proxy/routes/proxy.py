@@ -10,7 +10,7 @@ import logging
 import aiohttp
 from aiohttp import web
 
-from semif_proxy.bodies import read_limited
+from semif_proxy.bodies import parse_json, read_limited
 from semif_proxy.errors import NotFound, Unavailable, UpstreamError
 from semif_proxy.keys import CHAT_ADMISSION, LLAMA, SETTINGS, UPSTREAM
 from semif_proxy.middleware import REQUEST_ID
@@ -123,4 +123,6 @@ async def passthrough(request: web.Request) -> web.StreamResponse:
     require_upstream(request)
     async with request.app[CHAT_ADMISSION].slot():
         body = await read_limited(request, request.app[SETTINGS].max_body_bytes)
+        if body and request.content_type == "application/json":
+            parse_json(body)  # malformed JSON is the client's error (400), not llama-server's 500
         return await forward(request, body)
