@@ -23,46 +23,76 @@ def rows(tag: str) -> list[tuple[str, str, str]]:
     if j := load("jevbench", tag):
         files = ", ".join(f"{k} {v['correct']}/{v['tasks']}" for k, v in j["per_file"].items())
         lat = j["latency_seconds"]
-        out.append(("JevBench via /v1/systemone", f"{j['correct']}/{j['tasks']} ({files})",
-                    f"p50 {ms(lat['p50'])}, p95 {ms(lat['p95'])}, max {ms(lat['max'])}; "
-                    f"ECE {j['ece']:.3f}; prompt tokens p50 {j['prompt_tokens']['p50']:.0f}"))
+        out.append(
+            (
+                "JevBench via /v1/systemone",
+                f"{j['correct']}/{j['tasks']} ({files})",
+                f"p50 {ms(lat['p50'])}, p95 {ms(lat['p95'])}, max {ms(lat['max'])}; "
+                f"ECE {j['ece']:.3f}; prompt tokens p50 {j['prompt_tokens']['p50']:.0f}",
+            )
+        )
     if g := load("generation", tag):
-        out.append(("Decision vs chat completion (option id, greedy)",
-                    f"chat / decision latency p50 **{g['chat_over_decision_p50']:.2f}x**",
-                    f"chat names the decision's argmax {g['chat_argmax_agreement']:.0%}, "
-                    f"names no option {g['chat_unparseable']:.0%} ({g['tasks']} tasks)"))
-        out.append(("Decision vs llama-server `/completion` (same prompt, 1 token, top-10)",
-                    f"completion / decision latency p50 **{g['completion_over_decision_p50']:.2f}x**",
-                    f"same argmax {g['completion_argmax_agreement']:.0%}; some option letter "
-                    f"missing from the top-10 in {g['completion_missing_some_letter']:.0%} of tasks"))
+        out.append(
+            (
+                "Decision vs chat completion (option id, greedy)",
+                f"chat / decision latency p50 **{g['chat_over_decision_p50']:.2f}x**",
+                f"chat names the decision's argmax {g['chat_argmax_agreement']:.0%}, "
+                f"names no option {g['chat_unparseable']:.0%} ({g['tasks']} tasks)",
+            )
+        )
+        out.append(
+            (
+                "Decision vs llama-server `/completion` (same prompt, 1 token, top-10)",
+                f"completion / decision latency p50 **{g['completion_over_decision_p50']:.2f}x**",
+                f"same argmax {g['completion_argmax_agreement']:.0%}; some option letter "
+                f"missing from the top-10 in {g['completion_missing_some_letter']:.0%} of tasks",
+            )
+        )
     if o := load("overhead", tag):
-        out.append(("HTTP overhead (end to end / engine forward)",
-                    f"p50 **{o['ratio_p50']:.3f}** (target <= 1.10)",
-                    f"HTTP p50 {ms(o['http_seconds']['p50'])}, forward p50 "
-                    f"{ms(o['forward_seconds']['p50'])}"))
+        out.append(
+            (
+                "HTTP overhead (end to end / engine forward)",
+                f"p50 **{o['ratio_p50']:.3f}** (target <= 1.10)",
+                f"HTTP p50 {ms(o['http_seconds']['p50'])}, forward p50 "
+                f"{ms(o['forward_seconds']['p50'])}",
+            )
+        )
     if s := load("shared", tag):
         r = s["decisions_per_s"]
-        out.append(("Shared state: 21 questions, one request vs 21",
-                    f"**{s['speedup_vs_cold_singles']:.2f}x** decisions/s vs cold singles "
-                    "(target >= 4x)",
-                    f"{r['shared']:.2f}/s shared, {r['singles_cold']:.2f}/s singles each paying "
-                    f"the prefill, {r['singles_reusing_prefix']:.2f}/s singles on a prefix the "
-                    f"server still holds ({s['speedup_vs_reusing_singles']:.2f}x); "
-                    f"{s['prompt_tokens_per_question']} tokens per question"))
+        out.append(
+            (
+                "Shared state: 21 questions, one request vs 21",
+                f"**{s['speedup_vs_cold_singles']:.2f}x** decisions/s vs cold singles "
+                "(target >= 4x)",
+                f"{r['shared']:.2f}/s shared, {r['singles_cold']:.2f}/s singles each paying "
+                f"the prefill, {r['singles_reusing_prefix']:.2f}/s singles on a prefix the "
+                f"server still holds ({s['speedup_vs_reusing_singles']:.2f}x); "
+                f"{s['prompt_tokens_per_question']} tokens per question",
+            )
+        )
     if p := load("prefix", tag):
-        out.append(("Prefix cache: new question on a recently seen state",
-                    f"warm / cold p50 **{p['warm_over_cold_p50']:.2f}** (target <= 0.3)",
-                    f"{p['state_tokens']}-token state: cold {ms(p['cold_seconds']['p50'])}, "
-                    f"warm {ms(p['warm_seconds']['p50'])}"))
+        out.append(
+            (
+                "Prefix cache: new question on a recently seen state",
+                f"warm / cold p50 **{p['warm_over_cold_p50']:.2f}** (target <= 0.3)",
+                f"{p['state_tokens']}-token state: cold {ms(p['cold_seconds']['p50'])}, "
+                f"warm {ms(p['warm_seconds']['p50'])}",
+            )
+        )
     if c := load("scaling", tag):
-        lengths = ", ".join(f"{v['tokens']} tok {v['seconds']:.1f} s"
-                            for v in c["by_state_length"].values())
+        lengths = ", ".join(
+            f"{v['tokens']} tok {v['seconds']:.1f} s" for v in c["by_state_length"].values()
+        )
         options = ", ".join(f"{k}: {v['seconds']:.2f} s" for k, v in c["by_options"].items())
-        clients = ", ".join(f"{k}: {v['decisions_per_s']:.2f}/s"
-                            for k, v in c["by_clients"].items())
+        clients = ", ".join(
+            f"{k}: {v['decisions_per_s']:.2f}/s" for k, v in c["by_clients"].items()
+        )
         mem = c["memory_kb"]
-        memory = "; ".join(f"{k} PSS {v['pss'] / 1024:.0f} MiB (RSS {v['rss'] / 1024:.0f}, "
-                           f"peak {v['peak_rss'] / 1024:.0f})" for k, v in mem.items())
+        memory = "; ".join(
+            f"{k} PSS {v['pss'] / 1024:.0f} MiB (RSS {v['rss'] / 1024:.0f}, "
+            f"peak {v['peak_rss'] / 1024:.0f})"
+            for k, v in mem.items()
+        )
         out.append(("Latency vs state length (cold)", lengths, ""))
         out.append(("Latency vs options (prefix held)", options, ""))
         out.append(("Decisions/s vs concurrent clients", clients, ""))
