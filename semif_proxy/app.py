@@ -34,7 +34,6 @@ from semif_proxy.routes import decisions, health, invocations, playground, proxy
 from semif_proxy.settings import Settings
 
 log = logging.getLogger("semif_proxy.app")
-OPEN_PATHS = ("/ping", "/invocations", "/health", "/metrics")
 
 
 def _fatal(app: web.Application, what: str, exc: BaseException) -> None:
