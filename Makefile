@@ -15,7 +15,7 @@ export SEMIF_CACHE_DIR := $(CACHE)
 
 SOURCES := $(wildcard csrc/*.cpp csrc/*.h) CMakeLists.txt cmake/llama_cpp.cmake pyproject.toml
 
-.PHONY: all build build-gpu model model-qwen browser run test test-cpu test-gpu test-slow bench lint clean
+.PHONY: all build build-gpu model model-qwen browser run test test-cpu test-gpu test-slow test-qwen bench lint clean
 
 all: build
 
@@ -78,6 +78,10 @@ test-cpu: build model browser
 
 test-slow: build model model-qwen
 	SEMIF_TEST_MODEL=$(MODEL) SEMIF_TEST_QWEN=$(QWEN) $(PY) -m pytest -m slow $(PYTEST_ARGS)
+
+# The Qwen2.5 checks of the slow set (about a minute): CI runs them after `make test`.
+test-qwen: build model model-qwen
+	SEMIF_TEST_MODEL=$(MODEL) SEMIF_TEST_QWEN=$(QWEN) $(PY) -m pytest -m slow -k qwen $(PYTEST_ARGS)
 
 test-gpu:
 	@if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L >/dev/null 2>&1; then \

@@ -18,6 +18,10 @@ def ms(seconds: float) -> str:
     return f"{seconds * 1000:,.0f} ms"
 
 
+def _fmt(probs: dict[str, float]) -> str:
+    return ", ".join(f"{k} {v:.3f}" for k, v in probs.items())
+
+
 def rows(tag: str) -> list[tuple[str, str, str]]:
     out: list[tuple[str, str, str]] = []
     if j := load("jevbench", tag):
@@ -46,6 +50,33 @@ def rows(tag: str) -> list[tuple[str, str, str]]:
                 f"completion / decision latency p50 **{g['completion_over_decision_p50']:.2f}x**",
                 f"same argmax {g['completion_argmax_agreement']:.0%}; some option letter "
                 f"missing from the top-10 in {g['completion_missing_some_letter']:.0%} of tasks",
+            )
+        )
+    if r := load("order", tag):
+        d, c = r["by_path"]["decision"], r["by_path"]["chat"]
+        ex = r["routing_example"]
+        p_ex = ", ".join(f"{run['p_expected']:.2f}" for run in ex["runs"])
+        out.append(
+            (
+                "Option order: each item asked in every rotation of its options",
+                f"decision accuracy {d['accuracy']:.0%}, first-listed option chosen "
+                f"**{d['first_listed_share']:.0%}** (position-blind "
+                f"{r['first_listed_share_if_position_blind']:.0%}); chat accuracy "
+                f"{c['accuracy']:.0%}, first-listed {c['first_listed_share']:.0%}",
+                f"{r['items']} items ({r['runs']} runs); same answer in every rotation: decision "
+                f"{d['same_answer_in_every_rotation']:.0%}, chat "
+                f"{c['same_answer_in_every_rotation']:.0%}; password-reset example "
+                f"P(account_access) per rotation {p_ex}",
+            )
+        )
+        out.append(
+            (
+                "Decision with `permutations: n` (every rotation, averaged)",
+                f"accuracy **{r['permuted_accuracy']:.0%}** vs {d['accuracy']:.0%} in one order, "
+                f"latency p50 **{r['permuted_over_single_p50']:.2f}x** of one order",
+                f"p50 {ms(r['single_seconds']['p50'])} -> {ms(r['permuted_seconds']['p50'])}; "
+                f"password-reset example {_fmt(ex['permuted'])}; equals the mean of the separate "
+                f"rotations to {r['permuted_vs_client_mean_max']:.0e}",
             )
         )
     if o := load("overhead", tag):

@@ -16,7 +16,7 @@ from typing import Any
 
 from bench import common, suites
 
-SUITES = ("jevbench", "generation", "overhead", "shared", "prefix", "scaling")
+SUITES = ("jevbench", "generation", "order", "overhead", "shared", "prefix", "scaling")
 
 
 class Endpoint:
@@ -42,6 +42,8 @@ def run_suite(name: str, server: Any, args: argparse.Namespace) -> dict[str, Any
         return suites.generation(
             server, args.limit or 40, args.tasks or "easy,original", n_probs=10
         )
+    if name == "order":
+        return suites.option_order(server, args.limit, args.tasks or "easy")
     if name == "overhead":
         return suites.overhead(server, repeats=args.repeats)
     if name == "shared":
@@ -72,6 +74,15 @@ def headline(name: str, r: dict[str, Any]) -> str:
             f"{r['chat_argmax_agreement']:.0%} (unparseable {r['chat_unparseable']:.0%}), "
             f"/completion missing a letter in top-{r['n_probs']}: "
             f"{r['completion_missing_some_letter']:.0%}"
+        )
+    if name == "order":
+        d, c = r["by_path"]["decision"], r["by_path"]["chat"]
+        return (
+            f"{r['items']} items in every rotation ({r['runs']} runs): decision accuracy "
+            f"{d['accuracy']:.0%}, first-listed {d['first_listed_share']:.0%}; chat accuracy "
+            f"{c['accuracy']:.0%}, first-listed {c['first_listed_share']:.0%} (position-blind "
+            f"{r['first_listed_share_if_position_blind']:.0%}); with permutations=n accuracy "
+            f"{r['permuted_accuracy']:.0%} at {r['permuted_over_single_p50']:.2f}x the latency"
         )
     if name == "overhead":
         return f"HTTP/forward p50 {r['ratio_p50']:.3f} (target <= {r['target_ratio_p50']})"

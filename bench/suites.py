@@ -20,6 +20,8 @@ from bench.jevbench_tasks import (
 )
 from semif_proxy.prompt import LETTERS
 from tests.helpers.server import ProxyProcess
+from tests.test_engine import OPTIONS as ROUTING_OPTIONS
+from tests.test_engine import STATE as ROUTING_STATE
 
 LONG_STATE_UNIT = (
     "Order 4471 was placed on the web shop, paid by card, packed in the Leipzig warehouse and "
@@ -149,6 +151,32 @@ def _choice_decision(task: Task) -> dict[str, Any]:
     }
 
 
+def _ask_chat(server: ProxyProcess, decision: dict[str, Any]) -> tuple[Any, str, str | None]:
+    """The decision asked as a chat completion (option ids listed in the decision's order,
+    greedy); returns the call, the reply and the option id the reply names first."""
+    listing = "\n".join(f"- {o['id']}: {o['description']}" for o in decision["options"])
+    body = {
+        "messages": [
+            {
+                "role": "user",
+                "content": (
+                    f"Evidence: {json.dumps(decision['state'], ensure_ascii=False)}\n"
+                    f"Question: {decision['question']}\nOptions:\n{listing}\n"
+                    "Answer with the option id only."
+                ),
+            }
+        ],
+        "temperature": 0,
+        "max_tokens": 16,
+    }
+    chat = post(server.url + "/v1/chat/completions", body)
+    text = chat.body["choices"][0]["message"]["content"].strip() if chat.status == 200 else ""
+    ids = [o["id"] for o in decision["options"]]
+    at = {o: text.lower().find(o.lower()) for o in ids}
+    named = [o for o in ids if at[o] >= 0]
+    return chat, text, (min(named, key=lambda o: (at[o], -len(o))) if named else None)
+
+
 def generation(
     server: ProxyProcess, limit: int | None, only: str | None, n_probs: int
 ) -> dict[str, Any]:
@@ -163,27 +191,7 @@ def generation(
         ids = result["option_ids"]
         best = ids[max(range(len(ids)), key=lambda j: result["probabilities"][j])]
         # (a) Chat completion asked for the option id, greedy.
-        listing = "\n".join(f"- {o['id']}: {o['description']}" for o in decision["options"])
-        chat_body = {
-            "messages": [
-                {
-                    "role": "user",
-                    "content": (
-                        f"Evidence: {json.dumps(decision['state'], ensure_ascii=False)}\n"
-                        f"Question: {decision['question']}\nOptions:\n{listing}\n"
-                        "Answer with the option id only."
-                    ),
-                }
-            ],
-            "temperature": 0,
-            "max_tokens": 16,
-        }
-        chat = post(server.url + "/v1/chat/completions", chat_body)
-        text = chat.body["choices"][0]["message"]["content"].strip() if chat.status == 200 else ""
-        # The option id the reply mentions first, wherever it stands in the reply.
-        at = {o: text.lower().find(o.lower()) for o in ids}
-        named = [o for o in ids if at[o] >= 0]
-        chat_id = min(named, key=lambda o: (at[o], -len(o))) if named else None
+        chat, text, chat_id = _ask_chat(server, decision)
         # (b) llama-server /completion on our exact prompt: one token, top-n log-probs.
         comp = post(
             server.url + "/completion",
@@ -493,4 +501,113 @@ def scaling(
         "by_options": by_options,
         "by_clients": by_clients,
         "memory_kb": memory,
+    }
+
+
+# -- 7. Option order ------------------------------------------------------------------------------
+
+
+def _rotated(decision: dict[str, Any], shift: int) -> dict[str, Any]:
+    options = decision["options"]
+    return {**decision, "options": options[shift:] + options[:shift], "return_prompt": False}
+
+
+def option_order(server: ProxyProcess, limit: int | None, only: str | None) -> dict[str, Any]:
+    """Does the answer follow the evidence or the place an option is listed in? Every item is
+    asked once per cyclic rotation of its options, as a decision and as a greedy chat
+    completion. A reader that ignores the evidence and favours a position picks the first-listed
+    option far more than 1/n of the time and changes its answer as the options rotate. Then the
+    same decision once more with `permutations: n` (the server asks every rotation as branches of
+    one prefill and averages them), timed against the single order."""
+    items = [(t.id, _choice_decision(t), t.expected) for t in tasks(limit, only)]
+    routing = {
+        "id": "password-reset",
+        "state": ROUTING_STATE,
+        "question": "Which queue should handle it?",
+        "options": [{"id": i, "description": t} for i, t in ROUTING_OPTIONS],
+    }
+    items.insert(0, ("password-reset", routing, "account_access"))
+    rows = []
+    for k, (item_id, decision, expected) in enumerate(items):
+        n = len(decision["options"])
+        runs = []
+        mean = dict.fromkeys((o["id"] for o in decision["options"]), 0.0)
+        single_seconds = None
+        for shift in range(n):
+            asked = _rotated(decision, shift)
+            ours = post(server.url + "/v1/decisions", {"decision": asked})
+            if ours.status != 200:
+                continue
+            single_seconds = single_seconds or ours.seconds
+            result = ours.body["result"]
+            probs = dict(zip(result["option_ids"], result["probabilities"]))
+            for key, value in probs.items():
+                mean[key] += value / n
+            _, text, chat_id = _ask_chat(server, asked)
+            first = asked["options"][0]["id"]
+            runs.append(
+                {
+                    "first_listed": first,
+                    "decision_argmax": max(probs, key=probs.get),
+                    "p_expected": probs[expected],
+                    "chat_answer": text[:40],
+                    "chat_argmax": chat_id,
+                }
+            )
+        permuted = post(server.url + "/v1/decisions", {"decision": {**decision, "permutations": n}})
+        served = dict(
+            zip(permuted.body["result"]["option_ids"], permuted.body["result"]["probabilities"])
+        )
+        rows.append(
+            {
+                "id": item_id,
+                "options": n,
+                "expected": expected,
+                "runs": runs,
+                "rotation_mean": mean,
+                "rotation_mean_argmax": max(mean, key=mean.get),
+                "permuted": served,
+                "permuted_argmax": max(served, key=served.get),
+                "permuted_vs_client_mean": max(abs(served[i] - mean[i]) for i in mean),
+                "single_seconds": single_seconds,
+                "permuted_seconds": permuted.seconds,
+            }
+        )
+        progress(k + 1, len(items), "option order")
+
+    def share(path: str, test: Any) -> float:
+        runs = [(r, run) for r in rows for run in r["runs"]]
+        return sum(bool(test(r, run[path], run)) for r, run in runs) / max(len(runs), 1)
+
+    def stable(path: str) -> float:
+        return sum(len({run[path] for run in r["runs"]}) == 1 for r in rows) / max(len(rows), 1)
+
+    paths = {"decision": "decision_argmax", "chat": "chat_argmax"}
+    by_path = {
+        name: {
+            "accuracy": share(key, lambda r, a, run: a == r["expected"]),
+            "first_listed_share": share(key, lambda r, a, run: a == run["first_listed"]),
+            "same_answer_in_every_rotation": stable(key),
+        }
+        for name, key in paths.items()
+    }
+    chance_first = sum(len(r["runs"]) / r["options"] for r in rows) / max(
+        sum(len(r["runs"]) for r in rows), 1
+    )
+    return {
+        "items": len(rows),
+        "runs": sum(len(r["runs"]) for r in rows),
+        "by_path": by_path,
+        "first_listed_share_if_position_blind": chance_first,
+        "rotation_mean_accuracy": sum(r["rotation_mean_argmax"] == r["expected"] for r in rows)
+        / max(len(rows), 1),
+        "permuted_accuracy": sum(r["permuted_argmax"] == r["expected"] for r in rows)
+        / max(len(rows), 1),
+        "permuted_vs_client_mean_max": max(r["permuted_vs_client_mean"] for r in rows),
+        "single_seconds": summary([r["single_seconds"] for r in rows]),
+        "permuted_seconds": summary([r["permuted_seconds"] for r in rows]),
+        "permuted_over_single_p50": summary([r["permuted_seconds"] for r in rows])["p50"]
+        / summary([r["single_seconds"] for r in rows])["p50"],
+        "routing_example": rows[0],
+        "rows": rows,
     }

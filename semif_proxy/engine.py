@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from semif_proxy import native, readout
+from semif_proxy import native, readout, rotations
 from semif_proxy.errors import EngineFailure, InvalidRequest, PayloadTooLarge, Unavailable
 from semif_proxy.model_files import model_sha256
 from semif_proxy.prefix_cache import PrefixCache
@@ -56,6 +56,15 @@ class Scored:
     allowed_token_mass: float
     input_tokens: int
     prompt: str
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A decision and the option orders it is asked in (orders[0] is the request's own)."""
+
+    decision: Decision
+    orders: list[list[int]]
+    questions: list[Question]
 
 
 @dataclass
@@ -243,8 +252,14 @@ class DecisionEngine:
         fulls = [self.tokenize_prompt(r.text) for r in rendered]
         self._check_limits(questions, fulls)
         state_tokens = self.tokenize_prompt(rendered[0].state_prefix)
-        prefix = shared_prefix(state_tokens, fulls)
-        boundary = len(state_tokens) - len(prefix)
+        proof = shared_prefix(state_tokens, fulls)
+        boundary = len(state_tokens) - len(proof)
+        # The split lands on an aligned cell, so the first branch sits exactly where its tokens
+        # sit when the whole prompt is evaluated at once (and every other branch on an aligned
+        # cell too, see engine.cpp): a decision then gets the bits of a one-piece evaluation,
+        # which is what llama-server computes. Splitting mid-chunk moved letter log-probs by
+        # up to 0.3 (measured on SmolLM2 over every split point of one prompt).
+        prefix = proof[: len(proof) - len(proof) % self.core.cell_align]
         proven = (
             all(r.state_prefix == rendered[0].state_prefix for r in rendered)
             and len(prefix) > 0
@@ -262,6 +277,7 @@ class DecisionEngine:
                 "prefix_proven": True,
                 "prefix_tokens": len(prefix),
                 "prefix_boundary_tokens": boundary,
+                "prefix_alignment_tokens": len(proof) - len(prefix),
                 "prefix_reused_tokens": stats["prefix_reused"],
                 "prefix_cache_hit": stats["prefix_cache_hit"],
                 "prefill_seconds": stats["prefill_seconds"],
@@ -283,6 +299,7 @@ class DecisionEngine:
                 "prefix_proven": False,
                 "prefix_tokens": 0,
                 "prefix_boundary_tokens": boundary,
+                "prefix_alignment_tokens": 0,
                 "prefix_reused_tokens": 0,
                 "prefix_cache_hit": False,
                 "prefill_seconds": prefill,
@@ -314,30 +331,39 @@ class DecisionEngine:
     def prompt_sha256(prompt: str) -> str:
         return hashlib.sha256(prompt.encode("utf-8")).hexdigest()
 
-    def questions_from(self, decisions: Sequence[Decision], paths: Sequence[str]) -> list[Question]:
+    def plan(self, decisions: Sequence[Decision], paths: Sequence[str]) -> list[Plan]:
+        """Each decision as the option orders it is asked in: its own order first, then the
+        rotations it asks for (or SEMIF_PERMUTATIONS)."""
         temperature = self.settings.temperature.for_type("decision")
-        return [
-            Question(
-                path=path,
-                id=d.id,
-                state=d.state,
-                question=d.question,
-                descriptions=tuple(o.description for o in d.options),
-                temperature=temperature,
-                return_prompt=d.return_prompt,
-            )
-            for d, path in zip(decisions, paths)
-        ]
+        plans = []
+        for d, path in zip(decisions, paths):
+            k = d.permutations or self.settings.permutations
+            orders = rotations.rotations(len(d.options), k)
+            asked = [
+                Question(
+                    path=path,
+                    id=d.id,
+                    state=d.state,
+                    question=d.question,
+                    descriptions=tuple(d.options[i].description for i in order),
+                    temperature=temperature,
+                    return_prompt=d.return_prompt,
+                )
+                for order in orders
+            ]
+            plans.append(Plan(d, orders, asked))
+        return plans
 
-    def result_body(self, s: Scored, decision: Decision, timing: dict[str, Any]) -> dict[str, Any]:
+    def result_body(self, plan: Plan, runs: Sequence[Scored], timing: dict[str, Any]) -> dict:
+        first = runs[0]
         body: dict[str, Any] = {
-            "id": decision.id,
-            "option_ids": [o.id for o in decision.options],
-            "probabilities": [float(p) for p in s.probabilities],
-            "option_logits": [float(v) for v in s.option_logits],
-            "input_tokens": s.input_tokens,
-            "allowed_token_mass": s.allowed_token_mass,
-            "prompt_sha256": self.prompt_sha256(s.prompt),
+            "id": plan.decision.id,
+            "option_ids": [o.id for o in plan.decision.options],
+            "probabilities": [float(p) for p in first.probabilities],
+            "option_logits": [float(v) for v in first.option_logits],
+            "input_tokens": first.input_tokens,
+            "allowed_token_mass": first.allowed_token_mass,
+            "prompt_sha256": self.prompt_sha256(first.prompt),
             "prompt_version": PROMPT_VERSION,
             "readout": READOUT,
             "model": self.model_info,
@@ -346,9 +372,31 @@ class DecisionEngine:
                 "total_seconds": timing["total_seconds"],
             },
         }
-        if decision.return_prompt:
-            body["prompt"] = s.prompt
+        if len(runs) > 1:
+            body.update(self.rotation_fields(plan.orders, runs))
+        if plan.decision.return_prompt:
+            body["prompt"] = first.prompt
         return body
+
+    @staticmethod
+    def rotation_fields(orders: list[list[int]], runs: Sequence[Scored]) -> dict[str, Any]:
+        """The mean over rotations, in the request's option order. `prompt` and `prompt_sha256`
+        stay those of the request's own order; the logits of every rotation are reported."""
+        n = len(orders[0])
+        probs, moved = rotations.combine([(o, r.probabilities) for o, r in zip(orders, runs)], n)
+        logits = [rotations.back_to_request_order(o, r.option_logits) for o, r in zip(orders, runs)]
+        return {
+            "probabilities": [float(p) for p in probs],
+            "option_logits": [float(v) for v in np.mean(logits, axis=0)],
+            "input_tokens": sum(r.input_tokens for r in runs),
+            "allowed_token_mass": float(np.mean([r.allowed_token_mass for r in runs])),
+            "readout": f"{READOUT}, mean of {len(runs)} rotations",
+            "rotations": {
+                "orders": orders,
+                "option_logits": [[float(v) for v in row] for row in logits],
+                "argmax_moved": moved,
+            },
+        }
 
     def evaluate_checked(self, questions: Sequence[Question]) -> Evaluation:
         """evaluate(), with llama.cpp failures turned into API errors."""
@@ -370,10 +418,13 @@ class DecisionEngine:
     def decide(
         self, decisions: Sequence[Decision], paths: Sequence[str]
     ) -> tuple[list[dict], dict]:
-        evaluation = self.evaluate_checked(self.questions_from(decisions, paths))
-        bodies = [
-            self.result_body(s, d, evaluation.timing) for s, d in zip(evaluation.scored, decisions)
-        ]
+        plans = self.plan(decisions, paths)
+        evaluation = self.evaluate_checked([q for p in plans for q in p.questions])
+        bodies, start = [], 0
+        for p in plans:
+            runs = evaluation.scored[start : start + len(p.questions)]
+            bodies.append(self.result_body(p, runs, evaluation.timing))
+            start += len(p.questions)
         return bodies, evaluation.timing
 
 

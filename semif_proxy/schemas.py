@@ -34,6 +34,8 @@ class Decision(BaseModel):
     question: NonEmpty
     options: list[Option] = Field(min_length=2, max_length=MAX_OPTIONS)
     return_prompt: bool = False
+    # Cyclic rotations of the option order to average (None: SEMIF_PERMUTATIONS, default 1).
+    permutations: int | None = Field(None, ge=1, le=MAX_OPTIONS)
 
     @field_validator("options")
     @classmethod

@@ -117,28 +117,6 @@ def build_spec(qid: str, q: NoulQuestion | ChoiceQuestion | ScoreQuestion) -> Sp
     return Spec(qid, "score", instructions, ids, descs, legend=dict(zip(ids, q.criteria)))
 
 
-def rotations(n: int, k: int) -> list[list[int]]:
-    """k cyclic rotations of range(n), spread evenly over the n possible ones."""
-    k = max(1, min(k, n))
-    return [[(j + (r * n) // k) % n for j in range(n)] for r in range(k)]
-
-
-def combine(per_rotation: list[tuple[list[int], np.ndarray]], n: int) -> tuple[np.ndarray, float]:
-    """Mean of the rotated runs' probabilities, each mapped back to the request's order; and the
-    share of runs whose argmax disagrees with the mean's argmax."""
-    total = np.zeros(n)
-    argmaxes = []
-    for order, probs in per_rotation:
-        back = np.zeros(n)
-        back[order] = probs
-        total += back
-        argmaxes.append(int(np.argmax(back)))
-    mean = total / len(per_rotation)
-    top = int(np.argmax(mean))
-    moved = sum(a != top for a in argmaxes) / len(argmaxes)
-    return mean, moved
-
-
 def answer_for(spec: Spec, probs: np.ndarray, min_confidence: float | None) -> dict[str, Any]:
     conf = readout.confidence(probs)
     if spec.kind == "noul":

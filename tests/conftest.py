@@ -1,7 +1,9 @@
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -54,9 +56,10 @@ def engine(model_path: Path) -> native.Engine:
     return native.Engine(str(model_path), n_ctx=4096, n_threads=2, n_gpu_layers=GPU_LAYERS, n_seq=8)
 
 
-@pytest.fixture(scope="session")
-def llama_server_url(model_path: Path):
-    """A real llama-server on the default model (loopback, free port), for parity checks."""
+@contextlib.contextmanager
+def running_llama_server(model: Path, ctx_size: int = 2048) -> Iterator[str]:
+    """A real llama-server (loopback, free port) set up like our engine: flash attention off,
+    so its next-token distribution can be compared with ours."""
     import asyncio
 
     from semif_proxy.llama_server import LlamaServer
@@ -66,11 +69,11 @@ def llama_server_url(model_path: Path):
     loop = asyncio.new_event_loop()
     server = LlamaServer(
         binary,
-        model_path,
+        model,
         free_port(),
         [
             "--ctx-size",
-            "2048",
+            str(ctx_size),
             "--threads",
             "1",
             "--parallel",
@@ -87,6 +90,13 @@ def llama_server_url(model_path: Path):
     finally:
         loop.run_until_complete(server.stop())
         loop.close()
+
+
+@pytest.fixture(scope="session")
+def llama_server_url(model_path: Path) -> Iterator[str]:
+    """A real llama-server on the default model, for parity checks."""
+    with running_llama_server(model_path) as url:
+        yield url
 
 
 @pytest.fixture(scope="session")

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import subprocess
 import sys
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -13,7 +15,7 @@ import pytest
 
 from semif_proxy.engine import DecisionEngine
 from semif_proxy.prompt import render_decision
-from tests.conftest import engine_settings
+from tests.conftest import engine_settings, running_llama_server
 from tests.test_engine import OPTIONS, STATE, decision
 
 
@@ -48,6 +50,26 @@ def test_decide_command_prints_the_response(model_path: Path, tmp_path: Path) ->
     assert bad.returncode == 1 and json.loads(bad.stdout)["error"]["field"] == "decision.options"
 
 
+def server_top_logprobs(url: str, text: str, n_probs: int = 20) -> dict:
+    """llama-server's own next-token log-probabilities for a text (one token, no sampling)."""
+    body = json.dumps(
+        {
+            "prompt": text,
+            "n_predict": 1,
+            "n_probs": n_probs,
+            "temperature": 0,
+            "cache_prompt": False,
+            "post_sampling_probs": False,
+            "return_tokens": True,
+        }
+    ).encode()
+    req = urllib.request.Request(
+        f"{url}/completion", data=body, headers={"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(req, timeout=120) as resp:
+        return json.load(resp)
+
+
 def test_rendered_prompt_matches_llama_server(
     decision_engine: DecisionEngine, llama_server_url: str
 ) -> None:
@@ -57,41 +79,75 @@ def test_rendered_prompt_matches_llama_server(
     text = render_decision(
         decision_engine.template, d.state, d.question, [o.description for o in d.options]
     ).text
-    body = json.dumps(
-        {
-            "prompt": text,
-            "n_predict": 1,
-            "n_probs": 20,
-            "temperature": 0,
-            "cache_prompt": False,
-            "post_sampling_probs": False,
-            "return_tokens": True,
-        }
-    ).encode()
-    req = urllib.request.Request(
-        f"{llama_server_url}/completion", data=body, headers={"Content-Type": "application/json"}
-    )
-    with urllib.request.urlopen(req, timeout=60) as resp:
-        data = json.load(resp)
+    data = server_top_logprobs(llama_server_url, text)
     assert data["tokens_evaluated"] == len(decision_engine.tokenize_prompt(text))
     top = data["completion_probabilities"][0]["top_logprobs"]
     ids = [int(t["id"]) for t in top]
     tokens = decision_engine.tokenize_prompt(text)
     logits, lse, _ = decision_engine.core.score(tokens, [[]], ids)
     np.testing.assert_allclose(logits[0] - lse[0], [t["logprob"] for t in top], atol=2e-3)
+    # And the decision itself (prefix + branch, as served) reports the same letter distribution.
+    [result], _ = decision_engine.decide([d], ["decision"])
+    theirs = {t["token"]: t["logprob"] for t in top}
+    letters = np.array([theirs[letter] for letter in "ABC"])
+    np.testing.assert_allclose(
+        result["probabilities"], np.exp(letters) / np.exp(letters).sum(), atol=2e-3
+    )
+    assert result["allowed_token_mass"] == pytest.approx(np.exp(letters).sum(), abs=2e-3)
+
+
+@pytest.fixture(scope="module")
+def qwen_engine(qwen_path: Path) -> Iterator[DecisionEngine]:
+    engine = DecisionEngine.load(engine_settings(qwen_path, n_ctx=2048))
+    yield engine
+    engine.close()
+
+
+@pytest.mark.slow
+def test_qwen_decisions_equal_llama_server_in_every_option_order(
+    qwen_engine: DecisionEngine, qwen_path: Path
+) -> None:
+    """What the routing check below measures is the model, not our engine: in every order of
+    the options, our probabilities and logits are llama-server's own letter distribution."""
+    with running_llama_server(qwen_path) as url:
+        for order in itertools.permutations(OPTIONS):
+            d = decision(options=list(order))
+            [result], _ = qwen_engine.decide([d.model_copy(update={"return_prompt": True})], ["d"])
+            top = server_top_logprobs(url, result["prompt"])["completion_probabilities"][0]
+            theirs = {t["token"]: t["logprob"] for t in top["top_logprobs"]}
+            letters = np.array([theirs[letter] for letter in "ABC"])
+            np.testing.assert_allclose(
+                result["probabilities"], np.exp(letters) / np.exp(letters).sum(), atol=2e-3
+            )
+            assert result["allowed_token_mass"] == pytest.approx(np.exp(letters).sum(), abs=2e-3)
 
 
 @pytest.mark.slow
 @pytest.mark.xfail(
-    reason="measured: Qwen2.5-Coder-0.5B puts 0.377 on billing and 0.332 on account_access with "
-    "prompt semif-letter-v1 (allowed mass 0.95); the prompt needs work (issue 3 note)",
+    reason="measured: Qwen2.5-Coder-0.5B Q4_K_M puts 0.386 on billing, 0.332 on account_access "
+    "(allowed mass 0.95, the same numbers llama-server gives); over all 6 option orders "
+    "P(account_access) is 0.28-0.39 and follows the position, under 11 system texts tried; "
+    "greedy chat through llama-server names account access in 1 of 6 orders. The model's "
+    "position preference, not the method: see the permutations test below and bench `order`",
     strict=True,
 )
-def test_qwen_routes_password_reset_to_account_access(qwen_path: Path) -> None:
-    engine = DecisionEngine.load(engine_settings(qwen_path, n_ctx=2048))
-    try:
-        [result], _ = engine.decide([decision()], ["decision"])
-        best = result["option_ids"][int(np.argmax(result["probabilities"]))]
-        assert best == "account_access" and max(result["probabilities"]) > 0.5
-    finally:
-        engine.close()
+def test_qwen_routes_password_reset_to_account_access(qwen_engine: DecisionEngine) -> None:
+    [result], _ = qwen_engine.decide([decision()], ["decision"])
+    best = result["option_ids"][int(np.argmax(result["probabilities"]))]
+    assert best == "account_access" and max(result["probabilities"]) > 0.5
+
+
+@pytest.mark.slow
+def test_qwen_routes_password_reset_when_the_option_order_is_averaged(
+    qwen_engine: DecisionEngine,
+) -> None:
+    """With every rotation of the options (each option once in each position) the position
+    preference cancels and the evidence decides: account_access gets the most mass. Measured
+    margin is small (0.347 vs 0.335 billing, 0.318 shipping): the content signal of this 0.5B
+    model is weak, its position preference strong (bench `order` suite)."""
+    [result], _ = qwen_engine.decide(
+        [decision().model_copy(update={"permutations": 3})], ["decision"]
+    )
+    probs = dict(zip(result["option_ids"], result["probabilities"]))
+    assert max(probs, key=probs.get) == "account_access"
+    assert result["rotations"]["orders"] == [[0, 1, 2], [1, 2, 0], [2, 0, 1]]

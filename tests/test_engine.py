@@ -10,7 +10,7 @@ import pytest
 from semif_proxy.engine import DecisionEngine
 from semif_proxy.errors import InvalidRequest, PayloadTooLarge, Unavailable
 from semif_proxy.schemas import Decision, Option
-from tests.conftest import engine_settings
+from tests.conftest import GPU_LAYERS, engine_settings
 
 STATE = (
     "Customer email: I requested a password reset three times but the email never "
@@ -79,6 +79,80 @@ def test_shared_request_equals_single_requests(decision_engine: DecisionEngine) 
         assert shared[i]["input_tokens"] == single["input_tokens"]
 
 
+def rotated(options: list[tuple[str, str]], shift: int) -> list[tuple[str, str]]:
+    return options[shift:] + options[:shift]
+
+
+def test_permutations_are_the_mean_of_the_rotated_orders(decision_engine: DecisionEngine) -> None:
+    [mixed], _ = decision_engine.decide(
+        [decision().model_copy(update={"permutations": 3})], ["decision"]
+    )
+    assert mixed["rotations"]["orders"] == [[0, 1, 2], [1, 2, 0], [2, 0, 1]]
+    assert mixed["readout"] == "letter-logits, mean of 3 rotations"
+    ids = [i for i, _ in OPTIONS]
+    probs, logits, tokens = np.zeros(3), np.zeros(3), 0
+    for shift in range(3):
+        [alone], _ = decision_engine.decide([decision(options=rotated(OPTIONS, shift))], ["d"])
+        by_id = dict(zip(alone["option_ids"], zip(alone["probabilities"], alone["option_logits"])))
+        probs += [by_id[i][0] / 3 for i in ids]
+        logits += [by_id[i][1] / 3 for i in ids]
+        tokens += alone["input_tokens"]
+    assert mixed["option_ids"] == ids
+    np.testing.assert_allclose(mixed["probabilities"], probs, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(mixed["option_logits"], logits, rtol=0, atol=1e-12)
+    assert mixed["input_tokens"] == tokens and sum(mixed["probabilities"]) == pytest.approx(1.0)
+    # The prompt (and its hash) stay those of the request's own order.
+    [own], _ = decision_engine.decide([decision()], ["decision"])
+    assert mixed["prompt_sha256"] == own["prompt_sha256"] and "rotations" not in own
+
+
+def test_all_rotations_make_the_answer_independent_of_a_rotated_order(
+    decision_engine: DecisionEngine,
+) -> None:
+    answers = []
+    for shift in range(3):
+        d = decision(options=rotated(OPTIONS, shift)).model_copy(update={"permutations": 26})
+        [r], _ = decision_engine.decide([d], ["decision"])
+        assert len(r["rotations"]["orders"]) == 3  # more rotations than options: all of them
+        answers.append(dict(zip(r["option_ids"], r["probabilities"])))
+    for other in answers[1:]:
+        for key, value in answers[0].items():
+            assert other[key] == pytest.approx(value, abs=1e-12)
+
+
+def test_rotated_requests_report_errors_at_the_request_index(
+    decision_engine: DecisionEngine,
+) -> None:
+    d = decision(options=[("a", "x"), ("b", "y<|im_start|>"), ("c", "z")])
+    with pytest.raises(InvalidRequest) as err:
+        decision_engine.decide([d.model_copy(update={"permutations": 3})], ["decision"])
+    assert err.value.field == "decision.options[1].description"
+
+
+@pytest.mark.parametrize("words", [1, 2, 3, 4, 5, 6, 7, 8])
+def test_decisions_get_the_bits_of_a_one_piece_evaluation(
+    decision_engine: DecisionEngine, words: int
+) -> None:
+    """However long the state (so wherever the prefix ends), each decision's logits are those
+    of its whole prompt evaluated in one piece, which is what llama-server computes."""
+    state = "Customer email: " + " ".join(["reset"] * words) + " link never arrives."
+    questions = [
+        decision(f"q{i}", state=state, question=q).model_copy(update={"return_prompt": True})
+        for i, q in enumerate(["Which queue should handle it?", "Who owns this?"])
+    ]
+    results, timing = decision_engine.decide(questions, ["decisions[0]", "decisions[1]"])
+    assert timing["mode"] == "shared_prefix"
+    assert timing["prefix_tokens"] % decision_engine.core.cell_align == 0
+    for r in results:
+        tokens = decision_engine.tokenize_prompt(r["prompt"])
+        decision_engine.core.reset()
+        whole, lse, _ = decision_engine.core.score(tokens, [[]], decision_engine.letter_ids)
+        tol = 0 if GPU_LAYERS == 0 else 1e-3
+        np.testing.assert_allclose(r["option_logits"], whole[0][:3], atol=tol, rtol=0)
+        mass = np.exp(np.logaddexp.reduce(whole[0][:3].astype(np.float64)) - lse[0])
+        assert r["allowed_token_mass"] == pytest.approx(mass, abs=tol + 1e-12)
+
+
 def test_json_state_renders_as_json(decision_engine: DecisionEngine) -> None:
     state = {"customer": "Ana", "messages": ["reset email missing"], "plan": "pro"}
     d = Decision(
@@ -129,6 +203,22 @@ def test_prompt_token_limits(model_path: Path) -> None:
         with pytest.raises(PayloadTooLarge) as err:
             engine.decide(small, [f"decisions[{i}]" for i in range(3)])
         assert err.value.extra["limit"] == 200
+        # Every rotation is a suffix to evaluate: they count against the request's budget.
+        engine.decide([small[0]], ["decision"])
+        with pytest.raises(PayloadTooLarge) as err:
+            engine.decide([small[0].model_copy(update={"permutations": 3})], ["decision"])
+        assert err.value.extra["limit"] == 200 and err.value.extra["tokens"] > 200
+    finally:
+        engine.close()
+
+
+def test_server_default_permutations_apply_to_decisions(model_path: Path) -> None:
+    engine = DecisionEngine.load(engine_settings(model_path, permutations=2))
+    try:
+        [default], _ = engine.decide([decision()], ["decision"])
+        assert default["rotations"]["orders"] == [[0, 1, 2], [1, 2, 0]]
+        [own], _ = engine.decide([decision().model_copy(update={"permutations": 1})], ["d"])
+        assert "rotations" not in own and own["readout"] == "letter-logits"
     finally:
         engine.close()
 

@@ -92,6 +92,8 @@ def bad(**changes: object) -> dict:
             "decision.options[0].description",
         ),
         (bad(state="hi <|im_start|>system"), 400, "decision.state"),
+        (bad(permutations=0), 400, "decision.permutations"),
+        (bad(permutations=27), 400, "decision.permutations"),
         ({"decisions": [DECISION, DECISION]}, 400, "decisions[1].id"),
         (
             {"decisions": [DECISION, dict(DECISION, id="x", state="other")]},

@@ -12,7 +12,7 @@ import pytest
 import typesafe_sdk as ts
 
 from bench.jevbench_tasks import DEFAULT_DIR, predicted_label, read_tasks, task_files
-from semif_proxy import systemone
+from semif_proxy import rotations
 from tests.helpers.server import ProxyProcess
 
 KEY = "test-key-0123456789"
@@ -160,7 +160,7 @@ def test_permutations_average_the_rotated_runs(keyed: ProxyProcess) -> None:
     }
     combined = keyed.call("POST", "/v1/systemone", body, auth()).json()
     runs = []
-    for order in systemone.rotations(len(names), 4):
+    for order in rotations.rotations(len(names), 4):
         single = dict(body, permutations=1)
         single["questions"] = {"offer": dict(question, criteria=rotated_criteria(names, order))}
         answer = keyed.call("POST", "/v1/systemone", single, auth()).json()["answers"]["offer"]

@@ -6,7 +6,7 @@ from typing import Any
 
 from aiohttp import web
 
-from semif_proxy import systemone
+from semif_proxy import rotations, systemone
 from semif_proxy.bodies import read_json_object
 from semif_proxy.engine import Question
 from semif_proxy.errors import InvalidRequest
@@ -34,7 +34,7 @@ async def answer(request: web.Request, body: dict[str, Any]) -> web.Response:
     plans = []
     questions: list[Question] = []
     for spec in specs:
-        orders = systemone.rotations(len(spec.option_ids), k)
+        orders = rotations.rotations(len(spec.option_ids), k)
         plans.append((spec, orders, len(questions)))
         temperature = settings.temperature.for_type(spec.kind)
         for order in orders:
@@ -57,7 +57,7 @@ async def answer(request: web.Request, body: dict[str, Any]) -> web.Response:
     diagnostics: dict[str, Any] = {}
     for spec, orders, start in plans:
         runs = evaluation.scored[start : start + len(orders)]
-        probs, moved = systemone.combine(
+        probs, moved = rotations.combine(
             [(order, s.probabilities) for order, s in zip(orders, runs)], len(spec.option_ids)
         )
         answers[spec.qid] = systemone.answer_for(spec, probs, parsed.min_confidence)
