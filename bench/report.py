@@ -22,6 +22,13 @@ def _fmt(probs: dict[str, float]) -> str:
     return ", ".join(f"{k} {v:.3f}" for k, v in probs.items())
 
 
+def _gap(g: dict[str, Any]) -> str:
+    gap = g.get("probability_gap_vs_completion_max")
+    if gap is None:
+        return ""
+    return f"; where all letters are there, probabilities differ by at most {gap:.0e}"
+
+
 def rows(tag: str) -> list[tuple[str, str, str]]:
     out: list[tuple[str, str, str]] = []
     if j := load("jevbench", tag):
@@ -49,7 +56,8 @@ def rows(tag: str) -> list[tuple[str, str, str]]:
                 "Decision vs llama-server `/completion` (same prompt, 1 token, top-10)",
                 f"completion / decision latency p50 **{g['completion_over_decision_p50']:.2f}x**",
                 f"same argmax {g['completion_argmax_agreement']:.0%}; some option letter "
-                f"missing from the top-10 in {g['completion_missing_some_letter']:.0%} of tasks",
+                f"missing from the top-10 in {g['completion_missing_some_letter']:.0%} of tasks"
+                + _gap(g),
             )
         )
     if r := load("order", tag):

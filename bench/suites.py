@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
+import math
 import time
 from pathlib import Path
 from typing import Any
@@ -208,6 +209,12 @@ def generation(
         wanted = [LETTERS[j] for j in range(len(ids))]
         found = {L: letters[L] for L in wanted if L in letters}
         http_best = ids[wanted.index(max(found, key=found.get))] if found else None
+        # Same prompt, same model: when every letter is in llama-server's top-n, its letter
+        # distribution should be ours.
+        gap = None
+        if len(found) == len(wanted):
+            theirs = [math.exp(found[L]) for L in wanted]
+            gap = max(abs(t / sum(theirs) - p) for t, p in zip(theirs, result["probabilities"]))
         rows.append(
             {
                 "id": task.id,
@@ -220,6 +227,7 @@ def generation(
                 "chat_argmax": chat_id,
                 "completion_argmax": http_best,
                 "letters_missing": len(wanted) - len(found),
+                "probability_gap_vs_completion": gap,
             }
         )
         progress(i + 1, len(chosen), "generation")
@@ -243,6 +251,10 @@ def generation(
         / max(len(rows), 1),
         "completion_missing_some_letter": sum(r["letters_missing"] > 0 for r in rows)
         / max(len(rows), 1),
+        "probability_gap_vs_completion_max": max(
+            (r["probability_gap_vs_completion"] for r in rows if r["letters_missing"] == 0),
+            default=None,
+        ),
         "rows": rows,
     }
 
