@@ -43,7 +43,7 @@ def run_suite(name: str, server: Any, args: argparse.Namespace) -> dict[str, Any
             server, args.limit or 40, args.tasks or "easy,original", n_probs=10
         )
     if name == "order":
-        return suites.option_order(server, args.limit, args.tasks or "easy")
+        return suites.option_order(server, args.limit, args.order_tasks)
     if name == "overhead":
         return suites.overhead(server, repeats=args.repeats)
     if name == "shared":
@@ -117,6 +117,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--endpoint", help="use a running server instead")
     parser.add_argument("--limit", type=int, help="at most this many JevBench tasks")
     parser.add_argument("--tasks", help="JevBench files or task ids, comma-separated")
+    parser.add_argument(
+        "--order-tasks", default="easy", help="JevBench files or ids for the order suite"
+    )
     parser.add_argument("--repeats", type=int, default=30)
     parser.add_argument("--invocations", action="store_true", help="JevBench also via /invocations")
     parser.add_argument("--tag", help="name in the results files (default: the model file stem)")

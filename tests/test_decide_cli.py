@@ -161,7 +161,7 @@ def test_qwen_routes_password_reset_when_the_option_order_is_averaged(
 ) -> None:
     """With every rotation of the options (each option once in each position) the position
     preference cancels and the evidence decides: account_access gets the most mass. Measured
-    margin is small (0.347 vs 0.335 billing, 0.318 shipping): the content signal of this 0.5B
+    margin is small (0.342 vs 0.335 billing, 0.323 shipping): the content signal of this 0.5B
     model is weak, its position preference strong (bench `order` suite)."""
     [result], _ = qwen_engine.decide(
         [decision().model_copy(update={"permutations": 3})], ["decision"]
