@@ -10,7 +10,7 @@ import re
 import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -59,12 +59,17 @@ class Scored:
 
 
 @dataclass(frozen=True)
-class Plan:
-    """A decision and the option orders it is asked in (orders[0] is the request's own)."""
+class Rotated:
+    """One question asked in k option orders (orders[0] is the request's own)."""
 
-    decision: Decision
     orders: list[list[int]]
     questions: list[Question]
+
+    @classmethod
+    def of(cls, base: Question, k: int) -> Rotated:
+        orders = rotations.rotations(len(base.descriptions), k)
+        asked = [replace(base, descriptions=tuple(base.descriptions[i] for i in o)) for o in orders]
+        return cls(orders, asked)
 
 
 @dataclass
@@ -107,6 +112,14 @@ class DecisionEngine:
         self.settings = settings
         self.sha256 = sha256
         self.cache = PrefixCache(settings.prefix_cache_mb * 1024 * 1024)
+        # On the CPU every question is decoded right after the prefix, one at a time, and the
+        # prefix state is put back in between ("restore"): its cells then lie exactly where a
+        # one-piece evaluation puts them, whatever the model's attention kernels chunk by.
+        # Branches batched side by side ("copy") sit after each other's masked cells; on
+        # Qwen2.5-0.5B that moved probabilities by up to 0.014 against single requests (bench
+        # `order`), and on a CPU it buys no speed (singles on a held prefix were as fast as a
+        # batch). On a GPU batching pays and its kernels are not bit-exact anyway.
+        self.branch_mode = "copy" if settings.n_gpu_layers > 0 else "restore"
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="semif-engine")
         self._specials = self._special_pattern()
         bos_text = core.token_piece(core.bos).decode("utf-8", "replace") if core.bos >= 0 else ""
@@ -227,17 +240,6 @@ class DecisionEngine:
         self.core.set_prefix_state(state, prefix, logits)
         return True
 
-    @property
-    def branch_mode(self) -> str:
-        """On the CPU every question is decoded right after the prefix, one at a time, and the
-        prefix state is put back in between ("restore"): its cells then lie exactly where a
-        one-piece evaluation puts them, whatever the model's attention kernels chunk by.
-        Branches batched side by side ("copy") sit after each other's masked cells; on
-        Qwen2.5-0.5B that moved probabilities by up to 0.014 against single requests (bench
-        `order`), and on a CPU it buys no speed (singles on a held prefix were as fast as a
-        batch). On a GPU batching pays and its kernels are not bit-exact anyway."""
-        return "copy" if self.settings.n_gpu_layers > 0 else "restore"
-
     def _score(self, prefix: list[int], suffixes: list[list[int]]) -> tuple[Any, Any, dict]:
         hit = self._restore_cached(prefix)
         logits, lse, stats = self.core.score(prefix, suffixes, self.letter_ids, self.branch_mode)
@@ -342,34 +344,33 @@ class DecisionEngine:
     def prompt_sha256(prompt: str) -> str:
         return hashlib.sha256(prompt.encode("utf-8")).hexdigest()
 
-    def plan(self, decisions: Sequence[Decision], paths: Sequence[str]) -> list[Plan]:
-        """Each decision as the option orders it is asked in: its own order first, then the
+    def rotated(self, decisions: Sequence[Decision], paths: Sequence[str]) -> list[Rotated]:
+        """Each decision in the option orders it is asked in: its own order first, then the
         rotations it asks for (or SEMIF_PERMUTATIONS)."""
         temperature = self.settings.temperature.for_type("decision")
-        plans = []
-        for d, path in zip(decisions, paths):
-            k = d.permutations or self.settings.permutations
-            orders = rotations.rotations(len(d.options), k)
-            asked = [
+        return [
+            Rotated.of(
                 Question(
                     path=path,
                     id=d.id,
                     state=d.state,
                     question=d.question,
-                    descriptions=tuple(d.options[i].description for i in order),
+                    descriptions=tuple(o.description for o in d.options),
                     temperature=temperature,
                     return_prompt=d.return_prompt,
-                )
-                for order in orders
-            ]
-            plans.append(Plan(d, orders, asked))
-        return plans
+                ),
+                d.permutations or self.settings.permutations,
+            )
+            for d, path in zip(decisions, paths)
+        ]
 
-    def result_body(self, plan: Plan, runs: Sequence[Scored], timing: dict[str, Any]) -> dict:
+    def result_body(
+        self, decision: Decision, orders: list[list[int]], runs: Sequence[Scored], timing: dict
+    ) -> dict[str, Any]:
         first = runs[0]
         body: dict[str, Any] = {
-            "id": plan.decision.id,
-            "option_ids": [o.id for o in plan.decision.options],
+            "id": decision.id,
+            "option_ids": [o.id for o in decision.options],
             "probabilities": [float(p) for p in first.probabilities],
             "option_logits": [float(v) for v in first.option_logits],
             "input_tokens": first.input_tokens,
@@ -384,8 +385,8 @@ class DecisionEngine:
             },
         }
         if len(runs) > 1:
-            body.update(self.rotation_fields(plan.orders, runs))
-        if plan.decision.return_prompt:
+            body.update(self.rotation_fields(orders, runs))
+        if decision.return_prompt:
             body["prompt"] = first.prompt
         return body
 
@@ -393,8 +394,7 @@ class DecisionEngine:
     def rotation_fields(orders: list[list[int]], runs: Sequence[Scored]) -> dict[str, Any]:
         """The mean over rotations, in the request's option order. `prompt` and `prompt_sha256`
         stay those of the request's own order; the logits of every rotation are reported."""
-        n = len(orders[0])
-        probs, moved = rotations.combine([(o, r.probabilities) for o, r in zip(orders, runs)], n)
+        probs, moved = rotations.combine([(o, r.probabilities) for o, r in zip(orders, runs)])
         logits = [rotations.back_to_request_order(o, r.option_logits) for o, r in zip(orders, runs)]
         return {
             "probabilities": [float(p) for p in probs],
@@ -426,17 +426,25 @@ class DecisionEngine:
             )
             raise EngineFailure(f"the decision engine failed: {exc}", code=exc.code) from None
 
+    def evaluate_rotated(self, asked: Sequence[Rotated]) -> tuple[list[list[Scored]], Evaluation]:
+        """All orders of all questions on the one prefix; the runs handed back per question."""
+        evaluation = self.evaluate_checked([q for r in asked for q in r.questions])
+        runs, start = [], 0
+        for r in asked:
+            runs.append(evaluation.scored[start : start + len(r.questions)])
+            start += len(r.questions)
+        return runs, evaluation
+
     def decide(
         self, decisions: Sequence[Decision], paths: Sequence[str]
     ) -> tuple[list[dict], dict]:
-        plans = self.plan(decisions, paths)
-        evaluation = self.evaluate_checked([q for p in plans for q in p.questions])
-        bodies, start = [], 0
-        for p in plans:
-            runs = evaluation.scored[start : start + len(p.questions)]
-            bodies.append(self.result_body(p, runs, evaluation.timing))
-            start += len(p.questions)
+        asked = self.rotated(decisions, paths)
+        runs, evaluation = self.evaluate_rotated(asked)
+        bodies = [
+            self.result_body(d, r.orders, scored, evaluation.timing)
+            for d, r, scored in zip(decisions, asked, runs)
+        ]
         return bodies, evaluation.timing
 
 
-__all__ = ["LETTERS", "DecisionEngine", "Evaluation", "Question", "Scored"]
+__all__ = ["LETTERS", "DecisionEngine", "Evaluation", "Question", "Rotated", "Scored"]

@@ -8,7 +8,7 @@ from aiohttp import web
 
 from semif_proxy import rotations, systemone
 from semif_proxy.bodies import read_json_object
-from semif_proxy.engine import Question
+from semif_proxy.engine import Question, Rotated
 from semif_proxy.errors import InvalidRequest
 from semif_proxy.keys import DECISION_ADMISSION, SETTINGS
 from semif_proxy.routes import proxy
@@ -31,40 +31,35 @@ async def answer(request: web.Request, body: dict[str, Any]) -> web.Response:
     check_count(len(parsed.questions), "questions", settings.max_decisions)
     specs = [systemone.build_spec(qid, q) for qid, q in parsed.questions.items()]
     k = parsed.permutations or settings.permutations
-    plans = []
-    questions: list[Question] = []
-    for spec in specs:
-        orders = rotations.rotations(len(spec.option_ids), k)
-        plans.append((spec, orders, len(questions)))
-        temperature = settings.temperature.for_type(spec.kind)
-        for order in orders:
-            questions.append(
-                Question(
-                    path=f"questions.{spec.qid}",
-                    id=spec.qid,
-                    state=parsed.state,
-                    question=spec.instructions,
-                    descriptions=tuple(spec.descriptions[i] for i in order),
-                    temperature=temperature,
-                )
-            )
+    asked = [
+        Rotated.of(
+            Question(
+                path=f"questions.{spec.qid}",
+                id=spec.qid,
+                state=parsed.state,
+                question=spec.instructions,
+                descriptions=spec.descriptions,
+                temperature=settings.temperature.for_type(spec.kind),
+            ),
+            k,
+        )
+        for spec in specs
+    ]
     try:
-        evaluation = await run_on_engine(request, lambda: engine.evaluate_checked(questions))
+        runs, evaluation = await run_on_engine(request, lambda: engine.evaluate_rotated(asked))
     except InvalidRequest as exc:
         raise systemone.schema_error(_loc(exc.field or "body"), exc.message) from None
 
     answers: dict[str, Any] = {}
     diagnostics: dict[str, Any] = {}
-    for spec, orders, start in plans:
-        runs = evaluation.scored[start : start + len(orders)]
-        probs, moved = rotations.combine(
-            [(order, s.probabilities) for order, s in zip(orders, runs)], len(spec.option_ids)
-        )
+    for spec, rotated, scored in zip(specs, asked, runs):
+        orders = rotated.orders
+        probs, moved = rotations.combine([(o, s.probabilities) for o, s in zip(orders, scored)])
         answers[spec.qid] = systemone.answer_for(spec, probs, parsed.min_confidence)
         diagnostics[spec.qid] = {
-            "option_logits": [[float(v) for v in s.option_logits] for s in runs],
-            "allowed_token_mass": [s.allowed_token_mass for s in runs],
-            "prompt_sha256": [engine.prompt_sha256(s.prompt) for s in runs],
+            "option_logits": [[float(v) for v in s.option_logits] for s in scored],
+            "allowed_token_mass": [s.allowed_token_mass for s in scored],
+            "prompt_sha256": [engine.prompt_sha256(s.prompt) for s in scored],
             "rotations": orders,
             "argmax_moved": moved,
         }
