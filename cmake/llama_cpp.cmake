@@ -71,9 +71,11 @@ if(SEMIF_LLAMA_SOURCE_DIR)
   file(GLOB SEMIF_LLAMA_RUNTIME "${_bin}/lib*.so")
   set(SEMIF_LLAMA_SERVER "${_bin}/llama-server")
   set(_lib "${_bin}/libllama.so")
+  set(_ggml "${_bin}/libggml.so")
   set(_inc "${SEMIF_LLAMA_SOURCE_DIR}/include" "${SEMIF_LLAMA_SOURCE_DIR}/ggml/include")
 elseif(SEMIF_LLAMA_LIB_DIR AND SEMIF_LLAMA_INCLUDE_DIR)
   find_library(_lib NAMES llama PATHS "${SEMIF_LLAMA_LIB_DIR}" NO_DEFAULT_PATH REQUIRED)
+  find_library(_ggml NAMES ggml PATHS "${SEMIF_LLAMA_LIB_DIR}" NO_DEFAULT_PATH REQUIRED)
   set(_inc "${SEMIF_LLAMA_INCLUDE_DIR}")
   set(SEMIF_LLAMA_RUNTIME "")
   set(SEMIF_LLAMA_SERVER "${SEMIF_LLAMA_SERVER_PATH}")
@@ -84,7 +86,13 @@ else()
     " (mode b)")
 endif()
 
+# ggml is linked directly too: the engine registers ggml's loadable backends itself.
+add_library(llama::ggml SHARED IMPORTED)
+set_target_properties(llama::ggml PROPERTIES
+  IMPORTED_LOCATION "${_ggml}"
+  INTERFACE_INCLUDE_DIRECTORIES "${_inc}")
 add_library(llama::llama SHARED IMPORTED)
 set_target_properties(llama::llama PROPERTIES
   IMPORTED_LOCATION "${_lib}"
-  INTERFACE_INCLUDE_DIRECTORIES "${_inc}")
+  INTERFACE_INCLUDE_DIRECTORIES "${_inc}"
+  INTERFACE_LINK_LIBRARIES llama::ggml)

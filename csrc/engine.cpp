@@ -86,6 +86,9 @@ Engine::Engine(const EngineConfig& config) : config_(config) {
                          with_reason("failed to create a context with n_ctx=" +
                                      std::to_string(config.n_ctx)));
     }
+    // Checked by the CPU backend between graph nodes: a long prefill nobody waits for any more
+    // stops within milliseconds instead of running to its end.
+    llama_set_abort_callback(ctx_.get(), &Engine::abort_requested, this);
     n_ctx_ = static_cast<int32_t>(llama_n_ctx(ctx_.get()));
     n_batch_ = static_cast<int32_t>(llama_n_batch(ctx_.get()));
     n_seq_ = static_cast<int32_t>(llama_n_seq_max(ctx_.get()));
@@ -204,12 +207,27 @@ void Engine::check_fits(size_t prefix, size_t suffix, size_t n_branches) const {
     }
 }
 
+bool Engine::abort_requested(void* self) {
+    return static_cast<Engine*>(self)->abort_.load(std::memory_order_relaxed);
+}
+
+void Engine::check_abort() {
+    if (!abort_.load(std::memory_order_relaxed)) return;
+    llama_memory_clear(llama_get_memory(ctx_.get()), true);
+    seq0_.clear();
+    prefix_logits_.clear();
+    throw LlamaError(kAborted, "aborted: the request was cancelled");
+}
+
 void Engine::decode_or_throw(const Batch& batch, const char* what) {
+    check_abort();
     const int32_t rc = llama_decode(ctx_.get(), batch.get());
+    if (rc == 2) check_abort();  // llama_decode's code for "aborted by the callback"
     if (rc != 0) {
         // The memory may hold part of the batch now; forget everything rather than guess.
         llama_memory_clear(llama_get_memory(ctx_.get()), true);
         seq0_.clear();
+        prefix_logits_.clear();
         throw LlamaError(rc, with_reason(std::string("llama_decode failed while evaluating ") +
                                          what + " (code " + std::to_string(rc) + ")"));
     }

@@ -5,6 +5,7 @@
 // Sequence 0 holds the most recently evaluated prefix. Scoring a list of suffixes copies that
 // prefix to branch sequences 1..n_seq-1 (cheap with a unified KV cache: cells are shared) and
 // decodes the suffixes side by side in as few llama_decode calls as the context allows.
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -25,6 +26,7 @@ enum ErrorCode : int {
     kBadArgument = -103,
     kStateFailed = -104,
     kTokenizeFailed = -105,
+    kAborted = -106,
 };
 
 class LlamaError : public std::runtime_error {
@@ -120,6 +122,13 @@ public:
     void reset();
     void set_threads(int32_t n_threads);
 
+    // Stop the work in progress at the next graph node or decode (any thread, no lock): the
+    // call in progress throws kAborted and the engine holds no prefix afterwards. The flag
+    // stays set until clear_abort(), so a caller that owns the engine decides when the next
+    // job may start.
+    void request_abort() { abort_.store(true, std::memory_order_relaxed); }
+    void clear_abort() { abort_.store(false, std::memory_order_relaxed); }
+
 private:
     struct Branch {
         llama_seq_id seq;
@@ -128,6 +137,8 @@ private:
     };
     using LogitsSink = std::function<void(size_t branch, size_t token_index, const float* row)>;
 
+    static bool abort_requested(void* self);
+    void check_abort();
     void check_token_ids(const std::vector<llama_token>& tokens, const char* what) const;
     void check_fits(size_t prefix, size_t suffix, size_t n_branches) const;
     int32_t ensure_prefix(const std::vector<llama_token>& prefix, ScoreStats& stats);
@@ -153,6 +164,7 @@ private:
     std::vector<llama_token> seq0_;    // tokens currently held by sequence 0
     std::vector<float> prefix_logits_; // full-vocabulary logits at the prefix's last position
     uint64_t tokens_evaluated_ = 0;
+    std::atomic<bool> abort_{false};
     std::mutex mutex_;
 };
 

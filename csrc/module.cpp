@@ -1,10 +1,12 @@
 // Python bindings. Every call that can run a forward pass or load weights releases the GIL;
 // queued llama.cpp log lines are forwarded to Python logging once the GIL is held again.
+#include <dlfcn.h>
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
 #include "engine.h"
+#include "ggml-backend.h"
 #include "logging.h"
 
 namespace py = pybind11;
@@ -52,6 +54,59 @@ py::dict stats_dict(const semif::ScoreStats& s) {
     return d;
 }
 
+// The folder of the libllama this process runs: where a GGML_BACKEND_DL build (the AWS
+// llama.cpp images) keeps its loadable backends (libggml-cpu-*.so, libggml-cuda.so).
+std::string libllama_dir() {
+    Dl_info info{};
+    if (dladdr(reinterpret_cast<void*>(&llama_backend_init), &info) == 0 || !info.dli_fname) {
+        return "";
+    }
+    std::string path(info.dli_fname);
+    const auto slash = path.find_last_of('/');
+    return slash == std::string::npos ? std::string(".") : path.substr(0, slash);
+}
+
+bool has_cpu_device() {
+    return ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU) != nullptr;
+}
+
+// Backends linked into ggml register themselves; a GGML_BACKEND_DL build registers none until
+// they are loaded, and ggml's own search (the executable's folder, the working directory)
+// finds nothing for /usr/bin/python3 started in /. Loads from `dir`, or from libllama's folder
+// when no CPU device is registered yet; returns the folder searched ("" when none was needed).
+std::string load_backends(const std::string& dir) {
+    std::string where = dir;
+    if (where.empty()) {
+        if (has_cpu_device()) return "";
+        where = libllama_dir();
+    }
+    if (!where.empty()) ggml_backend_load_all_from_path(where.c_str());
+    return where;
+}
+
+py::list devices() {
+    py::list out;
+    for (size_t i = 0; i < ggml_backend_dev_count(); ++i) {
+        ggml_backend_dev_t dev = ggml_backend_dev_get(i);
+        const auto type = ggml_backend_dev_type(dev);
+        py::dict d;
+        d["name"] = ggml_backend_dev_name(dev);
+        d["description"] = ggml_backend_dev_description(dev);
+        d["type"] = type == GGML_BACKEND_DEVICE_TYPE_CPU    ? "cpu"
+                    : type == GGML_BACKEND_DEVICE_TYPE_GPU  ? "gpu"
+                    : type == GGML_BACKEND_DEVICE_TYPE_IGPU ? "igpu"
+                                                            : "accel";
+        size_t free = 0, total = 0;
+        ggml_backend_dev_memory(dev, &free, &total);
+        d["memory_free"] = free;
+        d["memory_total"] = total;
+        ggml_backend_reg_t reg = ggml_backend_dev_backend_reg(dev);
+        d["backend"] = reg ? ggml_backend_reg_name(reg) : "";
+        out.append(d);
+    }
+    return out;
+}
+
 semif::ScoreMode parse_mode(const std::string& mode) {
     if (mode == "copy") return semif::ScoreMode::kCopy;
     if (mode == "restore") return semif::ScoreMode::kRestore;
@@ -62,8 +117,9 @@ semif::ScoreMode parse_mode(const std::string& mode) {
 
 PYBIND11_MODULE(_engine, m) {
     m.doc() = "Decision scoring over libllama (llama.cpp build " SEMIF_STR(SEMIF_LLAMA_BUILD_NUMBER) ")";
-    llama_backend_init();
     semif::install_log_callback();
+    m.attr("BACKEND_DIR") = load_backends("");
+    llama_backend_init();
 
     static py::handle error_type = py::exception<LlamaError>(m, "LlamaError", PyExc_RuntimeError);
     py::register_exception_translator([](std::exception_ptr p) {
@@ -80,12 +136,19 @@ PYBIND11_MODULE(_engine, m) {
     m.attr("ERR_CONTEXT_OVERFLOW") = static_cast<int>(semif::kContextOverflow);
     m.attr("ERR_BAD_ARGUMENT") = static_cast<int>(semif::kBadArgument);
     m.attr("ERR_STATE_FAILED") = static_cast<int>(semif::kStateFailed);
+    m.attr("ERR_ABORTED") = static_cast<int>(semif::kAborted);
     m.attr("LLAMA_BUILD_NUMBER") = SEMIF_LLAMA_BUILD_NUMBER;
     m.attr("LLAMA_BUILD_COMMIT") = SEMIF_LLAMA_BUILD_COMMIT;
 
     m.def("system_info", [] { return std::string(llama_print_system_info()); });
     m.def("supports_gpu_offload", [] { return llama_supports_gpu_offload(); });
-    m.def("flush_logs", &flush_logs, "Forward queued llama.cpp log lines to Python logging.");
+    m.def("load_backends", [](const std::string& dir) {
+              auto where = load_backends(dir);
+              flush_logs();
+              return where;
+          }, py::arg("dir"),
+          "Load ggml's loadable backends from a folder (GGML_BACKEND_DL builds).");
+    m.def("devices", &devices, "The ggml devices registered in this process.");
 
     py::class_<Engine>(m, "Engine")
         .def(py::init([](const std::string& model_path, int32_t n_ctx, int32_t n_threads,
@@ -172,7 +235,9 @@ PYBIND11_MODULE(_engine, m) {
              "sequence 0.")
         .def_property_readonly("prefix_tokens", &Engine::prefix_tokens)
         .def("reset", [](Engine& e) { unlocked([&] { e.reset(); }); })
-        .def("set_threads", &Engine::set_threads, py::arg("n_threads"));
+        .def("abort", &Engine::request_abort,
+             "Stop the work in progress (callable from any thread; no lock, no GIL needed).")
+        .def("clear_abort", &Engine::clear_abort, "Let the next job run.");
 
     py::module_::import("atexit").attr("register")(py::cpp_function([] {
         semif::uninstall_log_callback();

@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 
-from semif_proxy.errors import Overloaded
+from semif_proxy.errors import Overloaded, Timeout
 
 
 class Admission:
@@ -20,7 +20,8 @@ class Admission:
         self._semaphore = asyncio.Semaphore(max_in_flight)
 
     @contextlib.asynccontextmanager
-    async def slot(self) -> AsyncIterator[None]:
+    async def slot(self, timeout: float | None = None) -> AsyncIterator[None]:
+        """A running place, waited for at most `timeout` seconds (the request's deadline)."""
         if self.running >= self.max_in_flight and self.waiting >= self.max_queue:
             self.rejected += 1
             raise Overloaded(
@@ -30,7 +31,14 @@ class Admission:
             )
         self.waiting += 1
         try:
-            await self._semaphore.acquire()  # asyncio.Semaphore wakes waiters in FIFO order
+            # asyncio.Semaphore wakes waiters in FIFO order
+            await asyncio.wait_for(self._semaphore.acquire(), timeout)
+        except asyncio.TimeoutError:
+            raise Timeout(
+                f"waited {timeout:g}s in the {self.name} queue without a turn "
+                "(SEMIF_REQUEST_TIMEOUT; SageMaker cuts real-time invocations at 60 s)",
+                limit=timeout,
+            ) from None
         finally:
             self.waiting -= 1
         self.running += 1

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
 import logging
 import os
 from collections.abc import AsyncIterator, Callable
@@ -12,10 +11,9 @@ from collections.abc import AsyncIterator, Callable
 import aiohttp
 from aiohttp import web
 
-from semif_proxy import native
+from semif_proxy import auth, native
 from semif_proxy.admission import Admission
 from semif_proxy.engine import DecisionEngine
-from semif_proxy.errors import Unauthorized
 from semif_proxy.keys import (
     CHAT_ADMISSION,
     DECISION_ADMISSION,
@@ -27,9 +25,9 @@ from semif_proxy.keys import (
     UPSTREAM,
     Startup,
 )
-from semif_proxy.llama_server import LlamaServer, LlamaServerError
+from semif_proxy.llama_server import LlamaServer, LlamaServerError, Supervision
 from semif_proxy.metrics import Metrics
-from semif_proxy.middleware import Handler, request_middleware
+from semif_proxy.middleware import request_middleware
 from semif_proxy.routes import decisions, health, invocations, playground, proxy, systemone
 from semif_proxy.settings import Settings
 
@@ -78,7 +76,7 @@ async def _llama_ctx(app: web.Application) -> AsyncIterator[None]:
     server = None
     task = None
     if settings.chat:
-        binary = settings.llama_server_binary or native.llama_server_path()
+        binary = native.llama_server_path(settings.llama_server_binary)
         if binary is None:
             raise LlamaServerError("no llama-server binary (bundled, $SEMIF_LLAMA_SERVER or PATH)")
         args = list(settings.llama_server_args)
@@ -86,7 +84,13 @@ async def _llama_ctx(app: web.Application) -> AsyncIterator[None]:
             # Leave the engine its cores: the two must not fight over the same ones.
             spare = max(1, (os.cpu_count() or 1) - settings.engine_threads)
             args += ["--threads", str(spare)]
-        server = LlamaServer(binary, settings.model_path, settings.upstream_port, args)
+        supervision = Supervision(
+            start_timeout=settings.llama_server_start_timeout,
+            probe_interval=settings.health_interval,
+            probe_timeout=settings.health_timeout,
+            max_failed_probes=settings.max_failed_probes,
+        )
+        server = LlamaServer(binary, settings.model_path, settings.upstream_port, args, supervision)
         app[LLAMA] = server  # state "stopped"/"starting": /ping says 503 until it is healthy
         task = asyncio.create_task(_start_llama(app, server))
     yield
@@ -105,26 +109,10 @@ async def _upstream_ctx(app: web.Application) -> AsyncIterator[None]:
         yield
 
 
-def _auth_middleware(settings: Settings) -> web.middleware:
-    expected = f"Bearer {settings.api_key}".encode() if settings.api_key else None
-
-    @web.middleware
-    async def auth(request: web.Request, handler: Handler) -> web.StreamResponse:
-        if expected and request.path.startswith("/v1/"):
-            given = request.headers.get("Authorization", "").encode()
-            if not hmac.compare_digest(given, expected):
-                raise Unauthorized(
-                    "missing or wrong API key (Authorization: Bearer ...)", field="Authorization"
-                )
-        return await handler(request)
-
-    return auth
-
-
 def create_app(settings: Settings, on_fatal: Callable[[], None] | None = None) -> web.Application:
     """on_fatal runs when the engine or llama-server cannot start (the CLI stops the process)."""
     app = web.Application(
-        middlewares=[request_middleware, _auth_middleware(settings)],
+        middlewares=[request_middleware, auth.middleware(settings)],
         client_max_size=settings.max_body_bytes,
     )
     app[SETTINGS] = settings

@@ -56,12 +56,45 @@ def _no_constants(name: str) -> Any:
     raise ValueError(f"{name} is not a JSON value")
 
 
+# Deeper than any real request; every later step (validation, rendering) then stays shallow.
+MAX_DEPTH = 64
+
+
+def json_depth(value: Any) -> int:
+    """Nesting depth of a parsed JSON value, walked with a stack (no recursion)."""
+    deepest = 0
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict):
+            children = item.values()
+        elif isinstance(item, list):
+            children = item
+        else:
+            continue
+        deepest = max(deepest, depth)
+        stack.extend((child, depth + 1) for child in children)
+    return deepest
+
+
 def parse_json(raw: bytes) -> Any:
     """Strict JSON, or InvalidRequest naming the body."""
     try:
-        return json.loads(raw, parse_constant=_no_constants)
+        value = json.loads(raw, parse_constant=_no_constants)
+    except RecursionError:
+        value = None
+        depth = None
     except (ValueError, UnicodeDecodeError) as exc:
         raise InvalidRequest(f"body is not valid JSON: {exc}", field="body") from None
+    else:
+        depth = json_depth(value)
+    if depth is None or depth > MAX_DEPTH:
+        raise InvalidRequest(
+            f"body is nested deeper than {MAX_DEPTH} levels of objects and arrays",
+            field="body",
+            limit=MAX_DEPTH,
+        )
+    return value
 
 
 async def read_json_object(request: web.Request, limit: int) -> tuple[dict[str, Any], bytes]:

@@ -37,7 +37,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from semif_proxy import selfcheck
 
     try:
-        log.info("selfcheck", extra={"event": "selfcheck", **selfcheck.run()})
+        report = selfcheck.run(llama_server=settings.llama_server_binary)
+        log.info("selfcheck", extra={"event": "selfcheck", **report})
     except selfcheck.SelfCheckError as exc:
         log.warning("selfcheck failed", extra={"event": "selfcheck", "error": str(exc)})
     # A background load that fails stops the process (SageMaker then sees the container exit).
@@ -50,6 +51,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         print=None,
         access_log=None,
         handle_signals=True,
+        # A client that hangs up cancels its handler: its queued or running engine job stops
+        # and its upstream chat call is closed (llama-server then stops generating).
+        handler_cancellation=True,
     )
     errors = app[STARTUP].errors
     for message in errors:
@@ -111,7 +115,9 @@ def cmd_selfcheck(args: argparse.Namespace) -> int:
     from semif_proxy import selfcheck
 
     try:
-        report = selfcheck.run(require_system_libllama=args.require_system_libllama)
+        report = selfcheck.run(
+            require_system_libllama=args.require_system_libllama, llama_server=args.llama_server
+        )
     except selfcheck.SelfCheckError as exc:
         sys.stderr.write(f"semif-proxy selfcheck: FAILED: {exc}\n")
         return 1
@@ -144,6 +150,9 @@ def main(argv: list[str] | None = None) -> int:
         "--require-system-libllama",
         action="store_true",
         help="fail unless libllama comes from the system (the container image), not the wheel",
+    )
+    check.add_argument(
+        "--llama-server", type=Path, help="llama-server to check (default: bundled, or on PATH)"
     )
     check.set_defaults(func=cmd_selfcheck)
     from semif_proxy.deploy.cli import add_commands

@@ -7,6 +7,7 @@ import asyncio
 import hashlib
 import logging
 import re
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -17,7 +18,13 @@ from typing import Any, TypeVar
 import numpy as np
 
 from semif_proxy import native, readout, rotations
-from semif_proxy.errors import EngineFailure, InvalidRequest, PayloadTooLarge, Unavailable
+from semif_proxy.errors import (
+    Cancelled,
+    EngineFailure,
+    InvalidRequest,
+    PayloadTooLarge,
+    Unavailable,
+)
 from semif_proxy.model_files import model_sha256
 from semif_proxy.prefix_cache import PrefixCache
 from semif_proxy.prompt import (
@@ -80,15 +87,18 @@ class Evaluation:
 
 
 def walk_strings(value: Any, path: str) -> Iterator[tuple[str, str]]:
-    if isinstance(value, str):
-        yield path, value
-    elif isinstance(value, dict):
-        for k, v in value.items():
-            yield path, str(k)
-            yield from walk_strings(v, f"{path}.{k}")
-    elif isinstance(value, list):
-        for i, v in enumerate(value):
-            yield from walk_strings(v, f"{path}[{i}]")
+    """Every string in a JSON value (keys too) with its field path; a stack, not recursion."""
+    stack = [(value, path)]
+    while stack:
+        item, where = stack.pop()
+        if isinstance(item, str):
+            yield where, item
+        elif isinstance(item, dict):
+            for k, v in reversed(list(item.items())):
+                stack.append((v, f"{where}.{k}"))
+                stack.append((str(k), where))
+        elif isinstance(item, list):
+            stack.extend((v, f"{where}[{i}]") for i, v in reversed(list(enumerate(item))))
 
 
 def shared_prefix(state_tokens: Sequence[int], fulls: Sequence[Sequence[int]]) -> list[int]:
@@ -119,9 +129,17 @@ class DecisionEngine:
         # Qwen2.5-0.5B that moved probabilities by up to 0.014 against single requests (bench
         # `order`), and on a CPU it buys no speed (singles on a held prefix were as fast as a
         # batch). On a GPU batching pays and its kernels are not bit-exact anyway.
-        self.branch_mode = "copy" if settings.n_gpu_layers > 0 else "restore"
+        offloaded = settings.n_gpu_layers != 0 and bool(native.gpu_devices())  # -1: all layers
+        self.branch_mode = "copy" if offloaded else "restore"
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="semif-engine")
+        self._job_lock = threading.Lock()
+        self._current_job: object | None = None
+        self._abort_requested_at: float | None = None
+        self.aborted_jobs = 0
         self._specials = self._special_pattern()
+        self.max_token_bytes = max(
+            1, max(len(core.token_piece(t, False)) for t in range(core.n_vocab))
+        )
         bos_text = core.token_piece(core.bos).decode("utf-8", "replace") if core.bos >= 0 else ""
         eos_text = core.token_piece(core.eos).decode("utf-8", "replace") if core.eos >= 0 else ""
         self.template = ChatTemplate(core.chat_template, bos_text, eos_text, strip_bos=core.add_bos)
@@ -157,6 +175,8 @@ class DecisionEngine:
 
     @classmethod
     def load(cls, settings: Settings) -> DecisionEngine:
+        if settings.backend_dir is not None:
+            native.load_backends(settings.backend_dir)
         core = native.Engine(
             str(settings.model_path),
             n_ctx=settings.n_ctx,
@@ -175,8 +195,43 @@ class DecisionEngine:
         self._executor.shutdown(wait=True, cancel_futures=True)
 
     async def run(self, fn: Callable[[], T]) -> T:
-        """Run fn on the engine thread; callers queue there in arrival order."""
-        return await asyncio.get_running_loop().run_in_executor(self._executor, fn)
+        """Run fn on the engine thread; callers queue there in arrival order.
+
+        A caller that is cancelled (its client hung up, its deadline passed) takes its work
+        with it: a queued job never starts, a running one stops at the next graph node, so the
+        next request starts at once instead of after a prefill nobody will read."""
+        job = object()
+        future = asyncio.get_running_loop().run_in_executor(self._executor, self._job, job, fn)
+        try:
+            return await future
+        except asyncio.CancelledError:
+            self._abort(job)
+            raise
+
+    def _job(self, job: object, fn: Callable[[], T]) -> T:
+        with self._job_lock:
+            self._current_job = job
+            self._abort_requested_at = None
+            self.core.clear_abort()
+        try:
+            return fn()
+        finally:
+            with self._job_lock:
+                self._current_job = None
+                if self._abort_requested_at is not None:
+                    late = time.monotonic() - self._abort_requested_at
+                    log.info(
+                        "aborted engine job ended",
+                        extra={"event": "engine_job_stopped", "after_abort_seconds": late},
+                    )
+
+    def _abort(self, job: object) -> None:
+        with self._job_lock:
+            if self._current_job is job:
+                self.core.abort()
+                self.aborted_jobs += 1
+                self._abort_requested_at = time.monotonic()
+                log.info("engine job aborted", extra={"event": "engine_abort"})
 
     # -- tokens ------------------------------------------------------------------------------
 
@@ -220,15 +275,53 @@ class DecisionEngine:
                     limit=limit,
                 )
 
-    def _check_request_tokens(self, evaluated: int) -> None:
+    def _check_request_tokens(self, evaluated: int, at_least: bool = False) -> None:
         limit = self.settings.request_token_limit
         if evaluated > limit:
+            needs = "at least " if at_least else ""
             raise PayloadTooLarge(
-                f"the request needs {evaluated} evaluated tokens, over the limit of {limit}",
+                f"the request needs {needs}{evaluated} evaluated tokens, over the limit of "
+                f"{limit} (SEMIF_MAX_REQUEST_TOKENS)",
                 field="body",
                 tokens=evaluated,
                 limit=limit,
             )
+
+    def _check_budget(self, questions: Sequence[Question]) -> None:
+        """Refuse a request that cannot fit before any prompt is built: the state's own tokens
+        (counted once) against the prompt limit, and the state plus every question's own text
+        against the request's token budget. Rendering and tokenizing every prompt of a large
+        request (questions x rotations, each holding the state) is real work; it only starts
+        once the request is known to fit."""
+        first = questions[0]
+        head = render_decision(self.template, first.state, first.question, first.descriptions)
+        limit = self.settings.prompt_token_limit
+        # No token is longer than the vocabulary's longest piece: a state with more bytes than
+        # limit x that cannot fit, and is refused before the tokenizer reads all of it.
+        size = len(head.state_prefix.encode("utf-8"))
+        state_tokens = -(-size // self.max_token_bytes)
+        if state_tokens < limit:
+            state_tokens = len(self.core.tokenize(head.state_prefix, True, True))
+        if state_tokens >= limit:
+            raise PayloadTooLarge(
+                f"{first.path}.state: the state alone is {state_tokens} tokens, over the prompt "
+                f"limit of {limit}",
+                field=f"{first.path}.state",
+                tokens=state_tokens,
+                limit=limit,
+            )
+        counts: dict[str, int] = {}
+
+        def tokens(text: str) -> int:
+            # A text costs at least its own tokens, less one for a merge at either edge.
+            if text not in counts:
+                counts[text] = max(0, len(self.core.tokenize(text, False, False)) - 1)
+            return counts[text]
+
+        lower = state_tokens + sum(
+            tokens(q.question) + sum(tokens(d) for d in q.descriptions) for q in questions
+        )
+        self._check_request_tokens(lower, at_least=True)
 
     def _restore_cached(self, prefix: list[int]) -> bool:
         if not self.cache.worth_caching(prefix) or list(self.core.prefix_tokens) == prefix:
@@ -253,12 +346,18 @@ class DecisionEngine:
         if self.unavailable_reason:
             raise Unavailable(self.unavailable_reason)
         start = time.perf_counter()
+        checked: set[int] = set()  # rotations share their state and texts: check each once
         for q in questions:
-            self.check_injection(q.id, f"{q.path}.id")
-            self.check_injection(q.state, f"{q.path}.state")
-            self.check_injection(q.question, f"{q.path}.question")
-            for i, d in enumerate(q.descriptions):
-                self.check_injection(d, f"{q.path}.options[{i}].description")
+            for value, where in (
+                (q.id, f"{q.path}.id"),
+                (q.state, f"{q.path}.state"),
+                (q.question, f"{q.path}.question"),
+                *((d, f"{q.path}.options[{i}].description") for i, d in enumerate(q.descriptions)),
+            ):
+                if id(value) not in checked:
+                    checked.add(id(value))
+                    self.check_injection(value, where)
+        self._check_budget(questions)
         rendered = [
             render_decision(self.template, q.state, q.question, q.descriptions) for q in questions
         ]
@@ -414,6 +513,8 @@ class DecisionEngine:
         try:
             return self.evaluate(questions)
         except native.LlamaError as exc:
+            if exc.code == native.ERR_ABORTED:
+                raise Cancelled("the request was cancelled; its work was stopped") from None
             if exc.code == native.ERR_CONTEXT_OVERFLOW:
                 raise PayloadTooLarge(
                     f"{exc}; shorten the state or raise SEMIF_CTX_SIZE",

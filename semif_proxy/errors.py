@@ -71,6 +71,13 @@ class Timeout(ApiError):
     type = "timeout"
 
 
+class Cancelled(ApiError):
+    """The caller went away or its deadline passed while its work ran; nobody reads this."""
+
+    status = 499
+    type = "cancelled"
+
+
 class NotFound(ApiError):
     status = 404
     type = "not_found"

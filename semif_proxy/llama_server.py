@@ -1,4 +1,10 @@
-"""Supervision of the llama-server child: start, health-poll, restart with backoff, stop."""
+"""Supervision of the llama-server child: start, probe, restart, stop.
+
+A probe that succeeds makes the child healthy again; `max_failed_probes` failed probes in a row
+(a stalled or wedged child) get it killed and restarted; an exit gets it restarted with
+exponential backoff. Its output is read without pause, whatever its line lengths, so the pipe
+can never fill and block it.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +15,7 @@ import os
 import signal
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import aiohttp
@@ -16,9 +23,26 @@ import aiohttp
 log = logging.getLogger("semif_proxy.llama_server")
 child_log = logging.getLogger("semif_proxy.llama_server.output")
 
+# Longest output line logged in full; longer ones are cut (the rest is counted, not kept).
+LINE_LIMIT = 16 * 1024
+READ_CHUNK = 64 * 1024
+
 
 class LlamaServerError(RuntimeError):
     pass
+
+
+@dataclass(frozen=True)
+class Supervision:
+    """How the child is watched. The defaults fit SageMaker: start-up may take minutes for a big
+    model (the platform allows up to 600 s), a stall is noticed within seconds."""
+
+    start_timeout: float = 600.0
+    probe_interval: float = 2.0
+    probe_timeout: float = 2.0
+    max_failed_probes: int = 5
+    backoff_initial: float = 0.5
+    backoff_max: float = 30.0
 
 
 def _die_with_parent() -> None:
@@ -33,8 +57,47 @@ def _die_with_parent() -> None:
         pass
 
 
+class LineReader:
+    """Splits a byte stream into lines. A line longer than `limit` is handed on cut, as soon as
+    it overflows, and the rest of it is skipped: memory stays bounded whatever the child
+    writes."""
+
+    def __init__(self, limit: int = LINE_LIMIT) -> None:
+        self.limit = limit
+        self._buf = bytearray()
+        self._skipping = False  # inside an over-long line that was already handed on
+
+    def feed(self, data: bytes) -> list[tuple[bytes, bool]]:
+        """(line, was it cut) for every line this chunk completes or overflows."""
+        out: list[tuple[bytes, bool]] = []
+        start = 0
+        while start < len(data):
+            end = data.find(b"\n", start)
+            stop = len(data) if end < 0 else end
+            if not self._skipping:
+                room = self.limit - len(self._buf)
+                self._buf += data[start : min(stop, start + room)]
+                if stop - start > room:
+                    out.append((bytes(self._buf), True))
+                    self._buf.clear()
+                    self._skipping = True
+            if end < 0:
+                break
+            if not self._skipping:
+                out.append((bytes(self._buf), False))
+            self._buf.clear()
+            self._skipping = False
+            start = end + 1
+        return out
+
+    def flush(self) -> list[tuple[bytes, bool]]:
+        line = bytes(self._buf)
+        self._buf.clear()
+        return [(line, False)] if line else []
+
+
 class LlamaServer:
-    """One llama-server on loopback, restarted with exponential backoff whenever it exits."""
+    """One llama-server on loopback, probed and restarted while the proxy runs."""
 
     def __init__(
         self,
@@ -42,26 +105,25 @@ class LlamaServer:
         model: Path,
         port: int,
         extra_args: Sequence[str] = (),
+        supervision: Supervision | None = None,
         host: str = "127.0.0.1",
-        start_timeout: float = 120.0,
-        backoff_initial: float = 0.5,
-        backoff_max: float = 30.0,
     ) -> None:
         self.binary = binary
         self.model = model
         self.port = port
         self.host = host
         self.extra_args = list(extra_args)
-        self.start_timeout = start_timeout
-        self.backoff_initial = backoff_initial
-        self.backoff_max = backoff_max
+        self.supervision = supervision or Supervision()
         self.restarts = 0
+        self.unresponsive_kills = 0
+        self.failed_probes = 0
+        self.output_lines_cut = 0
         self.state = "stopped"
         self.process: asyncio.subprocess.Process | None = None
         self._healthy = asyncio.Event()
         self._stopping = False
         self._supervisor: asyncio.Task[None] | None = None
-        self._pumps: list[asyncio.Task[None]] = []
+        self._pump_task: asyncio.Task[None] | None = None
         self._session: aiohttp.ClientSession | None = None
 
     @property
@@ -88,22 +150,58 @@ class LlamaServer:
         ]
         return args + self.extra_args
 
+    # -- lifecycle -------------------------------------------------------------------------------
+
     async def start(self) -> None:
         """Start the child and wait until /health answers 200 (fail fast if it dies)."""
-        self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2))
-        await self._spawn()
+        self._stopping = False
+        self._session = aiohttp.ClientSession(
+            timeout=aiohttp.ClientTimeout(total=self.supervision.probe_timeout)
+        )
         try:
-            await self._wait_healthy(self.start_timeout)
+            await self._spawn()
+            await self._wait_healthy()
         except BaseException:
             await self.stop()
             raise
         self._supervisor = asyncio.create_task(self._supervise(), name="llama-server-supervisor")
+
+    async def stop(self, timeout: float = 10.0) -> None:
+        self._stopping = True
+        self.state = "stopping"
+        if self._supervisor:
+            self._supervisor.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._supervisor
+        await self._terminate(timeout)
+        if self._session:
+            await self._session.close()
+        self._healthy.clear()
+        self.state = "stopped"
+
+    async def _terminate(self, timeout: float) -> None:
+        proc = self.process
+        if proc and proc.returncode is None:
+            proc.terminate()
+            # A stopped child acts on SIGTERM only once it runs again.
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(proc.pid, signal.SIGCONT)
+            try:
+                await asyncio.wait_for(proc.wait(), timeout)
+            except asyncio.TimeoutError:
+                proc.kill()
+                await proc.wait()
+        if self._pump_task:
+            # The pump ends by itself at EOF; give it a moment to log the child's last words.
+            with contextlib.suppress(asyncio.TimeoutError, asyncio.CancelledError):
+                await asyncio.wait_for(self._pump_task, 2.0)
 
     async def _spawn(self) -> None:
         if not self.binary.is_file():
             raise LlamaServerError(f"llama-server binary not found at {self.binary}")
         self.state = "starting"
         self._healthy.clear()
+        self.failed_probes = 0
         self.process = await asyncio.create_subprocess_exec(
             *self.argv(),
             stdin=asyncio.subprocess.DEVNULL,
@@ -116,16 +214,44 @@ class LlamaServer:
             "llama-server started",
             extra={"event": "llama_server_start", "pid": self.process.pid, "argv": self.argv()},
         )
-        self._pumps = [asyncio.create_task(self._pump(self.process))]
+        self._pump_task = asyncio.create_task(self._pump(self.process), name="llama-server-output")
+
+    # -- output ------------------------------------------------------------------------------------
 
     async def _pump(self, process: asyncio.subprocess.Process) -> None:
+        """Read the child's output until EOF. Nothing here may end the loop early: a reader that
+        stops leaves the pipe to fill, and then llama-server blocks on its next log line."""
         assert process.stdout is not None
-        async for raw in process.stdout:
-            line = raw.decode("utf-8", "replace").rstrip()
-            if line:
-                child_log.info(line, extra={"source": "llama-server", "pid": process.pid})
+        lines = LineReader()
+        while True:
+            try:
+                chunk = await process.stdout.read(READ_CHUNK)
+            except (OSError, ValueError) as exc:
+                log.warning("llama-server output unreadable", extra={"error": str(exc)})
+                chunk = b""
+            if not chunk:
+                for line, cut in lines.flush():
+                    self._emit(line, cut, process.pid)
+                return
+            for line, cut in lines.feed(chunk):
+                self._emit(line, cut, process.pid)
 
-    async def _health_ok(self) -> bool:
+    def _emit(self, raw: bytes, cut: bool, pid: int) -> None:
+        try:
+            text = raw.decode("utf-8", "replace").rstrip()
+            if not text:
+                return
+            extra: dict[str, object] = {"source": "llama-server", "pid": pid}
+            if cut:
+                self.output_lines_cut += 1
+                extra["line_cut"] = True  # the rest of this line was read and dropped
+            child_log.info(text, extra=extra)
+        except Exception:  # a log handler failing must not stop the pump
+            log.exception("could not log a llama-server output line")
+
+    # -- health ------------------------------------------------------------------------------------
+
+    async def _probe(self) -> bool:
         assert self._session is not None
         try:
             async with self._session.get(f"{self.base_url}/health") as resp:
@@ -133,38 +259,54 @@ class LlamaServer:
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
             return False
 
-    async def _wait_healthy(self, timeout: float) -> None:
+    async def _wait_healthy(self) -> None:
+        timeout = self.supervision.start_timeout
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process is None or self.process.returncode is not None:
                 code = self.process.returncode if self.process else None
                 raise LlamaServerError(f"llama-server exited with code {code} during start-up")
-            if await self._health_ok():
-                self.state = "ready"
-                self._healthy.set()
+            if await self._probe():
+                self._mark_healthy()
                 return
             await asyncio.sleep(0.1)
-        raise LlamaServerError(f"llama-server not healthy after {timeout:.0f}s")
+        raise LlamaServerError(
+            f"llama-server not healthy after {timeout:g}s (SEMIF_LLAMA_SERVER_START_TIMEOUT)"
+        )
+
+    def _mark_healthy(self) -> None:
+        if not self.healthy and self.state == "unresponsive":
+            log.info(
+                "llama-server answers again",
+                extra={"event": "llama_server_recovered", "failed_probes": self.failed_probes},
+            )
+        self.failed_probes = 0
+        self.state = "ready"
+        self._healthy.set()
 
     async def _supervise(self) -> None:
-        backoff = self.backoff_initial
+        backoff = self.supervision.backoff_initial
         while not self._stopping:
             assert self.process is not None
-            code = await self.process.wait()
-            self._healthy.clear()
+            await self._watch(self.process)
             if self._stopping:
                 return
+            self._healthy.clear()
             self.state = "restarting"
             log.warning(
                 "llama-server exited; restarting",
-                extra={"event": "llama_server_exit", "code": code, "backoff": backoff},
+                extra={
+                    "event": "llama_server_exit",
+                    "code": self.process.returncode,
+                    "backoff": backoff,
+                },
             )
             await asyncio.sleep(backoff)
             try:
                 await self._spawn()
-                await self._wait_healthy(self.start_timeout)
+                await self._wait_healthy()
                 self.restarts += 1
-                backoff = self.backoff_initial
+                backoff = self.supervision.backoff_initial
             except (LlamaServerError, OSError) as exc:
                 log.error(
                     "llama-server restart failed",
@@ -172,37 +314,43 @@ class LlamaServer:
                 )
                 if self.process and self.process.returncode is None:
                     self.process.kill()
-                backoff = min(backoff * 2, self.backoff_max)
+                    await self.process.wait()
+                backoff = min(backoff * 2, self.supervision.backoff_max)
 
-    async def check(self) -> bool:
-        """Live health: the child answers /health right now."""
-        if not self.healthy:
-            return False
-        ok = await self._health_ok()
-        if not ok:
-            self._healthy.clear()
-        return ok
-
-    async def stop(self, timeout: float = 10.0) -> None:
-        self._stopping = True
-        self.state = "stopping"
-        if self._supervisor:
-            self._supervisor.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._supervisor
-        proc = self.process
-        if proc and proc.returncode is None:
-            proc.terminate()
-            try:
-                await asyncio.wait_for(proc.wait(), timeout)
-            except asyncio.TimeoutError:
-                proc.kill()
-                await proc.wait()
-        for pump in self._pumps:
-            pump.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await pump
-        if self._session:
-            await self._session.close()
-        self._healthy.clear()
-        self.state = "stopped"
+    async def _watch(self, process: asyncio.subprocess.Process) -> None:
+        """Probe the running child until it exits, or until it has failed so many probes in a
+        row that it is killed."""
+        exit_wait = asyncio.ensure_future(process.wait())
+        try:
+            while True:
+                done, _ = await asyncio.wait({exit_wait}, timeout=self.supervision.probe_interval)
+                if done:
+                    return
+                if await self._probe():
+                    self._mark_healthy()
+                    continue
+                self.failed_probes += 1
+                self._healthy.clear()
+                if self.state != "unresponsive":
+                    log.warning(
+                        "llama-server does not answer /health",
+                        extra={"event": "llama_server_unresponsive", "pid": process.pid},
+                    )
+                self.state = "unresponsive"
+                if self.failed_probes >= self.supervision.max_failed_probes:
+                    log.error(
+                        "llama-server unresponsive; killing it to restart",
+                        extra={
+                            "event": "llama_server_killed",
+                            "pid": process.pid,
+                            "failed_probes": self.failed_probes,
+                        },
+                    )
+                    self.unresponsive_kills += 1
+                    with contextlib.suppress(ProcessLookupError):
+                        process.kill()  # SIGKILL also ends a stopped process
+                    await exit_wait
+                    return
+        finally:
+            if not exit_wait.done():
+                exit_wait.cancel()

@@ -8,6 +8,8 @@ import sys
 import time
 from typing import Any
 
+from semif_proxy import redact
+
 _STANDARD = set(vars(logging.LogRecord("", 0, "", 0, "", (), None))) | {"message", "asctime"}
 
 
@@ -23,9 +25,13 @@ class JsonFormatter(logging.Formatter):
         for key, value in vars(record).items():
             if key not in _STANDARD and not key.startswith("_"):
                 data[key] = value
+        if isinstance(data.get("argv"), (list, tuple)):
+            # A command line (llama-server's): key/token/secret/password flags lose their values.
+            data["argv"] = redact.redact_argv([str(a) for a in data["argv"]])
         if record.exc_info:
             data["exc"] = self.formatException(record.exc_info)
-        return json.dumps(data, default=str, ensure_ascii=False)
+        # Every value registered as secret (redact.register, at start-up), wherever it appears.
+        return redact.redact_text(json.dumps(data, default=str, ensure_ascii=False))
 
 
 def configure_logging(level: str = "INFO") -> None:

@@ -11,11 +11,18 @@ from collections.abc import Awaitable, Callable
 from aiohttp import web
 
 from semif_proxy.errors import ApiError
-from semif_proxy.keys import METRICS
+from semif_proxy.keys import METRICS, SETTINGS
 
 log = logging.getLogger("semif_proxy.access")
 REQUEST_ID = "request_id"
+# Monotonic (loop.time()) instant by which the request's own work must end: queueing included.
+DEADLINE = "deadline"
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def remaining(request: web.Request) -> float:
+    """Seconds left before the request's deadline (never below a millisecond)."""
+    return max(0.001, request[DEADLINE] - asyncio.get_running_loop().time())
 
 
 def error_response(error: ApiError, request_id: str) -> web.Response:
@@ -36,6 +43,7 @@ async def request_middleware(request: web.Request, handler: Handler) -> web.Stre
     if len(request_id) > 128 or not request_id.isprintable():
         request_id = uuid.uuid4().hex
     request[REQUEST_ID] = request_id
+    request[DEADLINE] = asyncio.get_running_loop().time() + request.app[SETTINGS].request_timeout
     metrics = request.app[METRICS]
     metrics.in_flight += 1
     start = time.perf_counter()

@@ -14,7 +14,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from semif_proxy.llama_args import PREFIX, llama_server_args
+from semif_proxy import redact
+from semif_proxy.llama_args import PREFIX, LlamaArgsError, llama_server_args
 from semif_proxy.model_files import ModelNotFoundError, discover_model
 
 
@@ -48,13 +49,22 @@ class Settings(BaseModel):
     decisions: bool = True
     llama_server_args: tuple[str, ...] = ()
     llama_server_binary: Path | None = None
+    # llama-server supervision: start-up may take minutes for a large GGUF (SageMaker allows up
+    # to 600 s), a probe every health_interval, a restart after max_failed_probes in a row.
+    llama_server_start_timeout: float = Field(600.0, gt=0.0)
+    health_interval: float = Field(2.0, gt=0.0, le=3600.0)
+    health_timeout: float = Field(2.0, gt=0.0, le=3600.0)
+    max_failed_probes: int = Field(5, ge=1, le=1000)
 
     # Decision engine
     n_ctx: int = Field(4096, ge=64, le=1 << 20)
     n_threads: int = Field(0, ge=0, le=1024)  # 0: half the cores (the rest go to llama-server)
     n_gpu_layers: int = Field(0, ge=-1)
-    n_parallel: int = Field(8, ge=2, le=64)
+    # Sequences: the prefix, at least one branch and the alignment filler need three.
+    n_parallel: int = Field(8, ge=3, le=64)
     n_batch: int = Field(2048, ge=32, le=1 << 16)
+    # Where ggml's loadable backends are (GGML_BACKEND_DL builds); None: libllama's folder.
+    backend_dir: Path | None = None
     temperature: Temperature = Temperature()
 
     # Limits
@@ -64,13 +74,17 @@ class Settings(BaseModel):
     max_request_tokens: int = Field(0, ge=0)  # per request; 0: 4 x the context
     max_in_flight: int = Field(4, ge=1, le=4096)
     max_queue: int = Field(64, ge=0, le=100_000)
-    request_timeout: float = Field(120.0, gt=0.0)
+    # SageMaker cuts a real-time invocation at 60 s: our own deadline ends the work first, so
+    # the caller gets a 504 that says why instead of the platform's bare error.
+    request_timeout: float = Field(55.0, gt=0.0)
     prefix_cache_mb: int = Field(256, ge=0)
     permutations: int = Field(1, ge=1, le=26)
 
     api_key: str | None = Field(None, repr=False)
     strict: bool = False
     playground: bool = True
+    # llama-server's admin routes (/slots, POST /props, /lora-adapters) through the proxy.
+    upstream_admin: bool = False
     log_level: str = "INFO"
     shutdown_grace: float = Field(20.0, ge=0.0)
 
@@ -100,17 +114,23 @@ class Settings(BaseModel):
     def public_dict(self) -> dict[str, Any]:
         data = self.model_dump(mode="json")
         data["api_key"] = "***" if self.api_key else None
+        data["llama_server_args"] = redact.redact_argv(self.llama_server_args)
         return data
 
 
 # Settings field -> (environment variable, fallback SM_LLAMA_CPP_* variables)
 _ENV: dict[str, tuple[str, tuple[str, ...]]] = {
     "host": ("SEMIF_HOST", ()),
-    "port": ("SM_LLAMA_CPP_PORT", ("SEMIF_PORT",)),
+    # SageMaker inference pipelines name the port in SAGEMAKER_BIND_TO_PORT: it wins.
+    "port": ("SAGEMAKER_BIND_TO_PORT", ("SM_LLAMA_CPP_PORT", "SEMIF_PORT")),
     "upstream_port": ("LLAMA_CPP_UPSTREAM_PORT", ()),
     "chat": ("SEMIF_CHAT", ()),
     "decisions": ("SEMIF_DECISIONS", ()),
     "llama_server_binary": ("SEMIF_LLAMA_SERVER", ()),
+    "llama_server_start_timeout": ("SEMIF_LLAMA_SERVER_START_TIMEOUT", ()),
+    "health_interval": ("SEMIF_HEALTH_INTERVAL", ()),
+    "health_timeout": ("SEMIF_HEALTH_TIMEOUT", ()),
+    "max_failed_probes": ("SEMIF_MAX_FAILED_PROBES", ()),
     "n_ctx": ("SEMIF_CTX_SIZE", ("SM_LLAMA_CPP_CTX_SIZE", "SM_LLAMA_CPP_C")),
     "n_threads": ("SEMIF_THREADS", ("SM_LLAMA_CPP_THREADS", "SM_LLAMA_CPP_T")),
     "n_gpu_layers": (
@@ -119,6 +139,7 @@ _ENV: dict[str, tuple[str, tuple[str, ...]]] = {
     ),
     "n_parallel": ("SEMIF_PARALLEL", ()),
     "n_batch": ("SEMIF_BATCH_SIZE", ()),
+    "backend_dir": ("SEMIF_GGML_BACKEND_DIR", ()),
     "temperature": ("SEMIF_TEMPERATURE", ()),
     "max_body_bytes": ("SEMIF_MAX_BODY_BYTES", ()),
     "max_decisions": ("SEMIF_MAX_DECISIONS", ()),
@@ -129,13 +150,15 @@ _ENV: dict[str, tuple[str, tuple[str, ...]]] = {
     "request_timeout": ("SEMIF_REQUEST_TIMEOUT", ()),
     "prefix_cache_mb": ("SEMIF_PREFIX_CACHE_MB", ()),
     "permutations": ("SEMIF_PERMUTATIONS", ()),
-    "api_key": ("SEMIF_API_KEY", ()),
+    # SM_LLAMA_CPP_API_KEY is the proxy's key too; it is never forwarded (llama_args.py).
+    "api_key": ("SEMIF_API_KEY", ("SM_LLAMA_CPP_API_KEY",)),
     "strict": ("SEMIF_STRICT", ()),
     "playground": ("SEMIF_PLAYGROUND", ()),
+    "upstream_admin": ("SEMIF_UPSTREAM_ADMIN", ()),
     "log_level": ("SEMIF_LOG_LEVEL", ()),
     "shutdown_grace": ("SEMIF_SHUTDOWN_GRACE", ()),
 }
-_BOOLS = {"chat", "decisions", "strict", "playground"}
+_BOOLS = {"chat", "decisions", "strict", "playground", "upstream_admin"}
 _TRUE = {"1", "true", "on", "yes"}
 _FALSE = {"0", "false", "off", "no"}
 
@@ -214,21 +237,62 @@ def _resolve_model(env: Mapping[str, str], model: str | None) -> Path:
     return path
 
 
+def _safe_upstream_port(env: Mapping[str, str], public: Any) -> int | None:
+    """In an inference pipeline SageMaker gives the container SAGEMAKER_SAFE_PORT_RANGE
+    ("low-high") for any port of its own: llama-server's loopback port goes there."""
+    text = env.get("SAGEMAKER_SAFE_PORT_RANGE", "").strip()
+    if not text:
+        return None
+    low, sep, high = text.partition("-")
+    try:
+        lo, hi = int(low), int(high)
+    except ValueError:
+        raise SettingsError(
+            f"SAGEMAKER_SAFE_PORT_RANGE: expected LOW-HIGH port numbers, got {text!r}"
+        ) from None
+    if not sep or not 1 <= lo <= hi <= 65535:
+        raise SettingsError(f"SAGEMAKER_SAFE_PORT_RANGE: expected LOW-HIGH, got {text!r}")
+    for port in range(lo, hi + 1):
+        if str(port) != str(public):
+            return port
+    raise SettingsError(f"SAGEMAKER_SAFE_PORT_RANGE: {text!r} leaves no port beside {public}")
+
+
 def load_settings(env: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
     """Settings from the environment; keyword overrides (CLI flags) win over variables."""
     env = dict(os.environ if env is None else env)
     values, sources = _raw_values(env)
+    if "upstream_port" not in values:
+        public = overrides.get("port") or values.get("port", Settings.model_fields["port"].default)
+        safe = _safe_upstream_port(env, public)
+        if safe is not None:
+            values["upstream_port"] = safe
+            sources["upstream_port"] = "SAGEMAKER_SAFE_PORT_RANGE"
     model = overrides.pop("model", None)
     values["model_path"] = _resolve_model(env, model)
-    values["llama_server_args"] = tuple(llama_server_args(env))
     values.update({k: v for k, v in overrides.items() if v is not None})
     try:
-        return Settings(**values)
+        settings = Settings(**values)
     except ValidationError as exc:
         first = exc.errors()[0]
         field = str(first["loc"][0]) if first["loc"] else "?"
         var = sources.get(field, _ENV.get(field, (field,))[0])
         raise SettingsError(f"{var}: {first['msg']} (got {first.get('input')!r})") from None
+    return _complete(env, settings)
+
+
+def _complete(env: Mapping[str, str], settings: Settings) -> Settings:
+    """What needs the validated settings: llama-server's argv, checked against the flags of the
+    binary that will run (only with chat on: a decision-only server needs no binary), and the
+    secret values the logs must never show."""
+    redact.register(redact.secret_values(env, settings.api_key, PREFIX))
+    if not settings.chat:
+        return settings
+    try:
+        args = llama_server_args(env, settings.llama_server_binary)
+    except LlamaArgsError as exc:
+        raise SettingsError(str(exc)) from None
+    return settings.model_copy(update={"llama_server_args": tuple(args)})
 
 
 __all__ = ["PREFIX", "Settings", "SettingsError", "Temperature", "load_settings"]

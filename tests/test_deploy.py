@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import tarfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -73,6 +74,29 @@ def test_package_model_uploads_gguf_and_manifest(tiny_model: Path, tmp_path: Pat
     unpacked = tmp_path / "opt-ml-model" / tiny_model.name
     assert model_sha256(unpacked) == entry["sha256"]
     assert not unpacked.with_name(unpacked.name + ".sha256.json").exists()
+
+
+def test_package_model_writes_readable_modes(tiny_model: Path, tmp_path: Path) -> None:
+    """0644 files owned by root whatever the source's mode and the umask: SageMaker unpacks as
+    root, the server runs as uid 10001."""
+    private = tmp_path / "src" / "private.gguf"
+    private.parent.mkdir()
+    private.write_bytes(tiny_model.read_bytes())
+    private.chmod(0o600)
+    previous = os.umask(0o077)
+    try:
+        archive, _ = package.build_archive(private, tmp_path)
+    finally:
+        os.umask(previous)
+    with tarfile.open(archive) as tar:
+        members = tar.getmembers()
+    assert sorted(m.name for m in members) == sorted([private.name, MANIFEST_NAME])
+    for m in members:
+        assert (m.mode, m.uid, m.gid, m.uname, m.gname) == (0o644, 0, 0, "root", "root"), m.name
+    folder = tarfile.TarInfo("dir")
+    folder.type = tarfile.DIRTYPE
+    folder.mode = 0o700
+    assert package.normalize(folder).mode == 0o755
 
 
 def test_package_model_errors(tiny_model: Path, tmp_path: Path) -> None:
@@ -161,14 +185,35 @@ def test_build_image_end_to_end(tmp_path: Path) -> None:
         "IMAGE_TAG": "v1",
         "DOCKERFILE": "container/Dockerfile",
         "BASE_IMAGE": BASE,
-        "LLAMA_CPP_REF": "b11312",
-    }
+    }  # no LLAMA_CPP_REF: the Dockerfile reads the base image's own
     source = s3.get_object(Bucket="builds", Key="src/semif-proxy-source.zip")["Body"].read()
     import zipfile
 
     names = zipfile.ZipFile(io.BytesIO(source)).namelist()
     assert "container/buildspec.yml" in names and "csrc/engine.cpp" in names
     assert not any(n.startswith(("tests/", ".venv/", "semif_proxy/llama/")) for n in names)
+
+
+def test_llama_cpp_ref_is_only_sent_when_given(monkeypatch: pytest.MonkeyPatch) -> None:
+    def env(build: image.ImageBuild) -> dict[str, str]:
+        spec = image.project_spec(build)
+        return {v["name"]: v["value"] for v in spec["environment"]["environmentVariables"]}
+
+    assert "LLAMA_CPP_REF" not in env(image_build())
+    assert env(image_build(llama_cpp_ref="b9999"))["LLAMA_CPP_REF"] == "b9999"
+    # An empty ref is refused before any AWS call.
+    ecr = boto3.client("ecr", region_name=REGION)
+    calls = Calls(ecr)
+    with pytest.raises(DeployError, match="--llama-cpp-ref is empty"):
+        image.build_image(ecr, ecr, ecr, image_build(llama_cpp_ref=" "), ROOT, Path("/none"))
+    assert calls.made == []
+    # The command passes no ref unless --llama-cpp-ref is given.
+    seen: list[image.ImageBuild] = []
+    monkeypatch.setattr(image, "build_image", lambda *a, **_: seen.append(a[3]) or "uri")
+    common = ["build-image", "--repository", "r", "--base-image", BASE, "--source", "s3://b/"]
+    assert main([*common, "--role", ROLE]) == 0
+    assert main([*common, "--role", ROLE, "--llama-cpp-ref", "b9999"]) == 0
+    assert [b.llama_cpp_ref for b in seen] == [None, "b9999"]
 
 
 def test_build_image_updates_an_existing_project() -> None:

@@ -49,7 +49,12 @@ def limited(model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Itera
     log = tmp_path_factory.mktemp("logs") / "limited.log"
     server = ProxyProcess(
         model_path,
-        {"SEMIF_MAX_IN_FLIGHT": "2", "SEMIF_MAX_QUEUE": "4", "SM_LLAMA_CPP_PARALLEL": "2"},
+        {
+            "SEMIF_MAX_IN_FLIGHT": "2",
+            "SEMIF_MAX_QUEUE": "4",
+            "SM_LLAMA_CPP_PARALLEL": "2",
+            "SEMIF_UPSTREAM_ADMIN": "on",  # the tests read llama-server's GET /slots
+        },
         log_path=log,
     ).start()
     yield server

@@ -1,4 +1,4 @@
-"""SM_LLAMA_CPP_* mapping, model discovery and settings validation."""
+"""Model discovery and settings validation (the SM_LLAMA_CPP_* mapping: test_llama_args.py)."""
 
 from __future__ import annotations
 
@@ -6,39 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from semif_proxy.llama_args import llama_server_args
 from semif_proxy.model_files import ModelNotFoundError, discover_model, model_sha256
 from semif_proxy.settings import SettingsError, load_settings
-
-
-@pytest.mark.parametrize(
-    ("env", "expected"),
-    [
-        ({"SM_LLAMA_CPP_N_GPU_LAYERS": "999"}, ["--n-gpu-layers", "999"]),
-        ({"SM_LLAMA_CPP_FLASH_ATTN": "true"}, ["--flash-attn"]),
-        ({"SM_LLAMA_CPP_FLASH_ATTN": "TRUE"}, ["--flash-attn"]),
-        ({"SM_LLAMA_CPP_NO_MMAP": ""}, ["--no-mmap"]),
-        ({"SM_LLAMA_CPP_EMBEDDINGS": "false"}, []),
-        ({"SM_LLAMA_CPP_EMBEDDINGS": "False"}, []),
-        (
-            {
-                "SM_LLAMA_CPP_MODEL": "m.gguf",
-                "SM_LLAMA_CPP_MODEL_DIR": "/x",
-                "SM_LLAMA_CPP_PORT": "9",
-            },
-            [],
-        ),
-        ({"SM_LLAMA_CPP_ALIAS": "my model --api-key x"}, ["--alias", "my model --api-key x"]),
-        ({"SM_LLAMA_CPP_SYSTEM_PROMPT": "a\nb"}, ["--system-prompt", "a\nb"]),
-        (
-            {"SM_LLAMA_CPP_CTX_SIZE": "4096", "SM_LLAMA_CPP_BATCH_SIZE": "512"},
-            ["--batch-size", "512", "--ctx-size", "4096"],
-        ),
-        ({"SEMIF_THREADS": "2", "OTHER": "1", "SM_LLAMA_CPP_": "x"}, []),
-    ],
-)
-def test_env_to_llama_server_args(env: dict[str, str], expected: list[str]) -> None:
-    assert llama_server_args(env) == expected
 
 
 def _touch(path: Path) -> Path:

@@ -70,8 +70,53 @@ def build_image(args: argparse.Namespace) -> str:
         )
 
 
+def _scaling(args: argparse.Namespace) -> Any:
+    """A Scaling when any autoscaling flag is given, else None (refusing stray cooldowns)."""
+    from semif_proxy.deploy.scaling import Scaling
+
+    given = (args.min_instances, args.max_instances, args.target_invocations, args.target_backlog)
+    if all(v is None for v in given):
+        if args.scale_in_cooldown is not None or args.scale_out_cooldown is not None:
+            raise DeployError("--scale-in-cooldown/--scale-out-cooldown need --max-instances")
+        return None
+    if args.max_instances is None:
+        raise DeployError("autoscaling needs --max-instances")
+    cooldowns = {
+        name: value
+        for name, value in (
+            ("scale_in_cooldown", args.scale_in_cooldown),
+            ("scale_out_cooldown", args.scale_out_cooldown),
+        )
+        if value is not None
+    }
+    return Scaling(
+        min_instances=1 if args.min_instances is None else args.min_instances,
+        max_instances=args.max_instances,
+        target_invocations=args.target_invocations,
+        target_backlog=args.target_backlog,
+        **cooldowns,
+    )
+
+
+def _async_output(args: argparse.Namespace) -> Any:
+    from semif_proxy.deploy.async_config import AsyncOutput
+
+    if not args.asynchronous:
+        for flag, value in (
+            ("--output", args.output),
+            ("--failure-output", args.failure_output),
+            ("--max-concurrent-invocations", args.max_concurrent_invocations),
+        ):
+            if value is not None:
+                raise DeployError(f"{flag} is for asynchronous endpoints: add --async")
+        return None
+    if args.output is None:
+        raise DeployError("--async needs --output s3://bucket/prefix/ for the results")
+    return AsyncOutput(args.output, args.failure_output, args.max_concurrent_invocations)
+
+
 def deploy(args: argparse.Namespace) -> str:
-    from semif_proxy.deploy.endpoint import Deployment
+    from semif_proxy.deploy.endpoint import Deployment, check
     from semif_proxy.deploy.endpoint import deploy as run
 
     d = Deployment(
@@ -82,27 +127,107 @@ def deploy(args: argparse.Namespace) -> str:
         instance_type=args.instance_type,
         gpu_layers=args.gpu_layers,
         env=_env_pairs(args.env),
+        gpu=args.gpu,
+        inference_ami=args.inference_ami,
+        async_output=_async_output(args),
+        scaling=_scaling(args),
     )
-    desc = run(_client("sagemaker", args.region), d)
-    return f"{desc['EndpointName']} {desc['EndpointStatus']}"
-
-
-def invoke(args: argparse.Namespace) -> str:
-    from semif_proxy.deploy.endpoint import invoke as run
-
-    _, body = run(
-        _client("sagemaker-runtime", args.region), args.endpoint, Path(args.body).read_bytes()
+    check(d)  # before any client exists
+    scaled = d.scaling is not None
+    desc = run(
+        _client("sagemaker", args.region),
+        d,
+        autoscaling=_client("application-autoscaling", args.region) if scaled else None,
+        cloudwatch=_client("cloudwatch", args.region) if scaled else None,
     )
+    lines = [f"{desc['EndpointName']} {desc['EndpointStatus']}"]
+    if desc.get("Autoscaling"):
+        lines.append("autoscaling: " + ", ".join(desc["Autoscaling"]))
+    return "\n".join(lines)
+
+
+def _pretty(body: bytes) -> str:
     try:
         return json.dumps(json.loads(body), indent=2)
     except ValueError:
         return body.decode("utf-8", "replace")
 
 
+def invoke(args: argparse.Namespace) -> str:
+    body = _read_body(args.body)
+    if args.asynchronous:
+        from semif_proxy.deploy.async_invoke import invoke_async
+
+        if not args.input_location:
+            raise DeployError("--async needs --input-location s3://bucket/prefix/ for the body")
+        output, result = invoke_async(
+            _client("s3", args.region),
+            _client("sagemaker-runtime", args.region),
+            args.endpoint,
+            body,
+            args.input_location,
+            timeout=args.timeout,
+        )
+        sys.stderr.write(f"result: {output}\n")
+        return _pretty(result)
+    if args.input_location is not None:
+        raise DeployError("--input-location is for --async invocations")
+    from semif_proxy.deploy.endpoint import invoke as run
+
+    _, reply = run(_client("sagemaker-runtime", args.region), args.endpoint, body)
+    return _pretty(reply)
+
+
+def _read_body(path: str) -> bytes:
+    try:
+        return Path(path).read_bytes()
+    except OSError as exc:
+        raise DeployError(f"--body: cannot read {path}: {exc.strerror}") from None
+
+
+def batch(args: argparse.Namespace) -> str:
+    from semif_proxy.deploy.batch import Transform, run, wait_job
+    from semif_proxy.deploy.model import Model
+
+    t = Transform(
+        model_name=args.model_name,
+        input=args.input,
+        output=args.output,
+        instance_type=args.instance_type,
+        instance_count=args.instance_count,
+        max_payload_mb=args.max_payload_mb,
+        max_concurrent=args.max_concurrent_transforms,
+    )
+    create_with = None
+    if args.image is not None or args.model_data is not None:
+        pairs = (("--image", args.image), ("--model-data", args.model_data))
+        missing = [flag for flag, value in pairs if not value]
+        if missing:
+            raise DeployError(f"creating the model needs {' and '.join(missing)} too")
+        create_with = Model(
+            args.model_name,
+            args.image,
+            args.model_data,
+            _role(args.role, "SEMIF_SAGEMAKER_ROLE"),
+            env=_env_pairs(args.env),
+        )
+    wait = (lambda sm, job: wait_job(sm, job, timeout=args.timeout)) if args.wait else None
+    job, status = run(_client("sagemaker", args.region), t, create_with, wait=wait)
+    if status == "Completed":
+        return f"{job} Completed: results in {t.output} (<input object>.out for each input)"
+    return f"{job} {status}: results will be in {t.output}"
+
+
 def delete(args: argparse.Namespace) -> str:
     from semif_proxy.deploy.endpoint import delete as run
 
-    return "deleted " + ", ".join(run(_client("sagemaker", args.region), args.endpoint))
+    removed = run(
+        _client("sagemaker", args.region),
+        args.endpoint,
+        _client("application-autoscaling", args.region),
+        _client("cloudwatch", args.region),
+    )
+    return "deleted " + ", ".join(removed)
 
 
 def add_commands(sub: Any) -> None:
@@ -122,7 +247,9 @@ def add_commands(sub: Any) -> None:
     p.add_argument("--project", default="semif-proxy-image")
     p.add_argument("--tag", default="latest")
     p.add_argument("--gpu", action="store_true", help="use container/Dockerfile.gpu")
-    p.add_argument("--llama-cpp-ref", default="b11312")
+    p.add_argument(
+        "--llama-cpp-ref", help="llama.cpp ref of the base (default: read from the base image)"
+    )
     p.add_argument("--role", help="CodeBuild service role ARN (or SEMIF_CODEBUILD_ROLE)")
     p.add_argument("--root", default=".", help="repository root")
     p = command("deploy", deploy, "SageMaker model, endpoint config and endpoint")
@@ -130,13 +257,44 @@ def add_commands(sub: Any) -> None:
     p.add_argument("--model-data", required=True, help="s3://.../model.tar.gz")
     p.add_argument("--name", default="semif-proxy")
     p.add_argument("--instance-type", default="ml.c6i.xlarge")
-    p.add_argument("--gpu-layers", type=int)
+    p.add_argument("--gpu-layers", type=int, help="layers to offload (--gpu: default all)")
     p.add_argument("--env", action="append", default=[], metavar="K=V")
     p.add_argument("--role", help="SageMaker execution role ARN (or SEMIF_SAGEMAKER_ROLE)")
+    p.add_argument("--gpu", action="store_true", help="GPU instance + image built with --gpu")
+    p.add_argument("--inference-ami", help="InferenceAmiVersion on GPUs (default: the CUDA 13 one)")
+    p.add_argument("--async", dest="asynchronous", action="store_true", help="async endpoint")
+    p.add_argument("--output", help="--async: s3://bucket/prefix/ for results")
+    p.add_argument("--failure-output", help="--async: s3://bucket/prefix/ for failures")
+    p.add_argument("--max-concurrent-invocations", type=int, help="--async: per instance")
+    p.add_argument("--min-instances", type=int, help="autoscaling floor (default 1; async: 0 ok)")
+    p.add_argument("--max-instances", type=int, help="autoscaling ceiling (turns it on)")
+    p.add_argument(
+        "--target-invocations", type=float, help="requests per instance per minute to hold"
+    )
+    p.add_argument("--target-backlog", type=float, help="--async: queued requests per instance")
+    p.add_argument("--scale-in-cooldown", type=int, help="seconds (default 300)")
+    p.add_argument("--scale-out-cooldown", type=int, help="seconds (default 60)")
     p = command("invoke", invoke, "POST a JSON body to an endpoint's /invocations")
     p.add_argument("--endpoint", required=True)
     p.add_argument("--body", required=True, help="JSON file")
-    p = command("delete", delete, "delete the endpoint, its config and its model")
+    p.add_argument("--async", dest="asynchronous", action="store_true", help="async endpoint")
+    p.add_argument("--input-location", help="--async: s3://bucket/prefix/ to upload the body to")
+    p.add_argument("--timeout", type=float, default=1800, help="--async: seconds to wait")
+    p = command("batch", batch, "Batch Transform over JSON Lines in S3")
+    p.add_argument("--input", required=True, help="s3://bucket/prefix/ of .jsonl objects")
+    p.add_argument("--output", required=True, help="s3://bucket/prefix/ for the results")
+    p.add_argument("--model-name", required=True, help="SageMaker model (created if missing)")
+    p.add_argument("--image", help="to create the model: image URI pinned by digest")
+    p.add_argument("--model-data", help="to create the model: s3://.../model.tar.gz")
+    p.add_argument("--role", help="to create the model (or SEMIF_SAGEMAKER_ROLE)")
+    p.add_argument("--env", action="append", default=[], metavar="K=V")
+    p.add_argument("--instance-type", default="ml.c6i.xlarge")
+    p.add_argument("--instance-count", type=int, default=1)
+    p.add_argument("--max-payload-mb", type=int, default=6)
+    p.add_argument("--max-concurrent-transforms", type=int, default=0, help="0: the container says")
+    p.add_argument("--wait", action=argparse.BooleanOptionalAction, default=True)
+    p.add_argument("--timeout", type=float, default=86400, help="seconds to wait")
+    p = command("delete", delete, "delete the endpoint, its config, model and autoscaling")
     p.add_argument("--endpoint", required=True)
 
 

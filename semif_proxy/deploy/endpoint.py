@@ -1,5 +1,6 @@
 """`semif-proxy deploy / invoke / delete`: a SageMaker model (network isolation on), endpoint
-config and endpoint for a digest-pinned image."""
+config (real-time or async; CPU, or GPU on the CUDA 13 AMI) and endpoint for a digest-pinned
+image, then its autoscaling."""
 
 from __future__ import annotations
 
@@ -8,12 +9,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from semif_proxy.deploy import s3uri
+from semif_proxy.deploy import async_config, instances, model, scaling
+from semif_proxy.deploy.async_config import AsyncOutput
 from semif_proxy.deploy.errors import DeployError, aws_errors, poll
-from semif_proxy.deploy.image import require_digest
+from semif_proxy.deploy.names import VARIANT
+from semif_proxy.deploy.scaling import Scaling
 
 # Large GGUFs take minutes to download and load; SageMaker's defaults are shorter.
 MIN_TIMEOUT_S = 600
+ALL_LAYERS = 999  # SM_LLAMA_CPP_N_GPU_LAYERS with --gpu unless --gpu-layers says otherwise
 
 
 @dataclass(frozen=True)
@@ -28,51 +32,68 @@ class Deployment:
     env: dict[str, str] = field(default_factory=dict)
     startup_timeout: int = MIN_TIMEOUT_S
     download_timeout: int = MIN_TIMEOUT_S
+    gpu: bool = False
+    inference_ami: str | None = None  # GPU only; default instances.DEFAULT_GPU_AMI
+    async_output: AsyncOutput | None = None  # set: an asynchronous endpoint
+    scaling: Scaling | None = None
 
-
-def container_env(d: Deployment) -> dict[str, str]:
-    env = {"SM_LLAMA_CPP_MODEL_DIR": "/opt/ml/model", **d.env}
-    if d.gpu_layers is not None:
-        env["SM_LLAMA_CPP_N_GPU_LAYERS"] = str(d.gpu_layers)
-    return env
+    def as_model(self) -> model.Model:
+        layers = self.gpu_layers
+        if layers is None and self.gpu:
+            layers = ALL_LAYERS
+        return model.Model(
+            self.name, self.image, self.model_data, self.role_arn, layers, dict(self.env)
+        )
 
 
 def check(d: Deployment) -> None:
-    require_digest(d.image, "the image")
-    s3uri.parse(d.model_data)
-    if not d.model_data.endswith(".tar.gz"):
-        raise DeployError(f"model data must be a model.tar.gz, got {d.model_data!r}")
+    """Everything that can be refused without asking AWS."""
+    model.check(d.as_model())
     if min(d.startup_timeout, d.download_timeout) < MIN_TIMEOUT_S:
         raise DeployError(f"start-up and download timeouts must be at least {MIN_TIMEOUT_S}s")
+    instances.check(d.instance_type, d.gpu)
+    instances.inference_ami(d.instance_type, d.inference_ami)
+    if d.instance_count < 1:
+        raise DeployError(f"the instance count must be at least 1, got {d.instance_count}")
+    if d.async_output is not None:
+        async_config.check(d.async_output)
+    if d.scaling is not None:
+        scaling.check(d.scaling, asynchronous=d.async_output is not None)
+
+
+def initial_count(d: Deployment) -> int:
+    """With autoscaling, start at its minimum (at least 1: an async endpoint that may scale to
+    zero starts with one instance and scales in when idle)."""
+    return max(1, d.scaling.min_instances) if d.scaling else d.instance_count
+
+
+def variant(d: Deployment) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "VariantName": VARIANT,
+        "ModelName": d.name,
+        "InstanceType": d.instance_type,
+        "InitialInstanceCount": initial_count(d),
+        "ContainerStartupHealthCheckTimeoutInSeconds": d.startup_timeout,
+        "ModelDataDownloadTimeoutInSeconds": d.download_timeout,
+    }
+    ami = instances.inference_ami(d.instance_type, d.inference_ami)
+    if ami is not None:
+        out["InferenceAmiVersion"] = ami
+    return out
+
+
+def endpoint_config(d: Deployment) -> dict[str, Any]:
+    out: dict[str, Any] = {"EndpointConfigName": d.name, "ProductionVariants": [variant(d)]}
+    if d.async_output is not None:
+        out["AsyncInferenceConfig"] = async_config.config(d.async_output)
+    return out
 
 
 def create(sagemaker: Any, d: Deployment) -> None:
     check(d)
-    with aws_errors(f"create SageMaker model {d.name!r}"):
-        sagemaker.create_model(
-            ModelName=d.name,
-            ExecutionRoleArn=d.role_arn,
-            PrimaryContainer={
-                "Image": d.image,
-                "ModelDataUrl": d.model_data,
-                "Environment": container_env(d),
-            },
-            EnableNetworkIsolation=True,
-        )
+    model.create(sagemaker, d.as_model())
     with aws_errors(f"create endpoint config {d.name!r}"):
-        sagemaker.create_endpoint_config(
-            EndpointConfigName=d.name,
-            ProductionVariants=[
-                {
-                    "VariantName": "AllTraffic",
-                    "ModelName": d.name,
-                    "InstanceType": d.instance_type,
-                    "InitialInstanceCount": d.instance_count,
-                    "ContainerStartupHealthCheckTimeoutInSeconds": d.startup_timeout,
-                    "ModelDataDownloadTimeoutInSeconds": d.download_timeout,
-                }
-            ],
-        )
+        sagemaker.create_endpoint_config(**endpoint_config(d))
     with aws_errors(f"create endpoint {d.name!r}"):
         sagemaker.create_endpoint(EndpointName=d.name, EndpointConfigName=d.name)
 
@@ -103,9 +124,22 @@ def deploy(
     sagemaker: Any,
     d: Deployment,
     wait: Callable[[Any, str], dict[str, Any]] = wait_in_service,
+    autoscaling: Any = None,
+    cloudwatch: Any = None,
 ) -> dict[str, Any]:
+    """Model, config, endpoint; wait for InService; then autoscaling if asked (AWS registers a
+    variant only once its endpoint is in service). The description gets "Autoscaling", a list
+    of what was set."""
+    check(d)
+    if d.scaling is not None and autoscaling is None:
+        raise DeployError("autoscaling needs an application-autoscaling client")
     create(sagemaker, d)
-    return wait(sagemaker, d.name)
+    desc = dict(wait(sagemaker, d.name))
+    if d.scaling is not None:
+        desc["Autoscaling"] = scaling.apply(
+            autoscaling, cloudwatch, d.name, d.scaling, d.async_output is not None
+        )
+    return desc
 
 
 def invoke(runtime: Any, name: str, body: bytes) -> tuple[str, bytes]:
@@ -116,8 +150,9 @@ def invoke(runtime: Any, name: str, body: bytes) -> tuple[str, bytes]:
     return reply.get("ContentType", ""), reply["Body"].read()
 
 
-def delete(sagemaker: Any, name: str) -> list[str]:
-    """Endpoint, then its config, then the model; each one that exists."""
+def delete(sagemaker: Any, name: str, autoscaling: Any = None, cloudwatch: Any = None) -> list[str]:
+    """Endpoint, then its config, then the model, then (given the clients) its autoscaling
+    registration and scale-from-zero alarm; each one that exists."""
     removed = []
     for what, call, arg in (
         ("endpoint", sagemaker.delete_endpoint, {"EndpointName": name}),
@@ -131,6 +166,11 @@ def delete(sagemaker: Any, name: str) -> list[str]:
         except DeployError as exc:
             if "Could not find" not in str(exc) and "ValidationException" not in str(exc):
                 raise
+    if autoscaling is not None and cloudwatch is not None:
+        try:
+            removed += scaling.remove(autoscaling, cloudwatch, name)
+        except DeployError as exc:  # the endpoint is gone; say what was left
+            removed.append(f"not its autoscaling settings ({exc})")
     if not removed:
         raise DeployError(f"nothing named {name!r} to delete (endpoint, config or model)")
     return removed

@@ -36,7 +36,7 @@ class ImageBuild:
     dockerfile: str
     base_image: str
     role_arn: str
-    llama_cpp_ref: str = "b11312"
+    llama_cpp_ref: str | None = None  # None: the Dockerfile reads the base image's own
     compute_type: str = "BUILD_GENERAL1_LARGE"
 
 
@@ -76,8 +76,9 @@ def project_spec(build: ImageBuild) -> dict[str, Any]:
         "IMAGE_TAG": build.tag,
         "DOCKERFILE": build.dockerfile,
         "BASE_IMAGE": build.base_image,
-        "LLAMA_CPP_REF": build.llama_cpp_ref,
     }
+    if build.llama_cpp_ref is not None:
+        env["LLAMA_CPP_REF"] = build.llama_cpp_ref
     return {
         "name": build.project,
         "source": {
@@ -168,6 +169,8 @@ def build_image(
     wait: Callable[[Any, str], dict[str, Any]] = wait_build,
 ) -> str:
     require_digest(build.base_image, "the base image")
+    if build.llama_cpp_ref is not None and not build.llama_cpp_ref.strip():
+        raise DeployError("--llama-cpp-ref is empty: give a ref (b1234) or leave the flag out")
     with aws_errors(f"use ECR repository {build.repository!r}"):
         ecr.describe_repositories(repositoryNames=[build.repository])
     upload_source(s3, root, build.source, work_dir)

@@ -17,6 +17,15 @@ from semif_proxy.deploy.errors import DeployError, aws_errors
 from semif_proxy.model_files import MANIFEST_NAME, file_sha256
 
 
+def normalize(info: tarfile.TarInfo) -> tarfile.TarInfo:
+    """Owner root, files 0644, directories 0755, whatever the source's mode or the umask:
+    SageMaker unpacks as root and the server may run as another user (uid 10001)."""
+    info.mode = 0o755 if info.isdir() else 0o644
+    info.uid = info.gid = 0
+    info.uname = info.gname = "root"
+    return info
+
+
 def build_archive(gguf: Path, out_dir: Path) -> tuple[Path, dict[str, Any]]:
     if not gguf.is_file():
         raise DeployError(f"no such GGUF file: {gguf}")
@@ -28,11 +37,12 @@ def build_archive(gguf: Path, out_dir: Path) -> tuple[Path, dict[str, Any]]:
     }
     archive = out_dir / "model.tar.gz"
     with tarfile.open(archive, "w:gz", compresslevel=1) as tar:  # GGUF barely compresses
-        tar.add(gguf, arcname=gguf.name)
+        tar.add(gguf, arcname=gguf.name, filter=normalize)
         data = json.dumps(manifest, indent=2).encode()
         info = tarfile.TarInfo(MANIFEST_NAME)
         info.size = len(data)
-        tar.addfile(info, io.BytesIO(data))
+        info.mtime = int(gguf.stat().st_mtime)
+        tar.addfile(normalize(info), io.BytesIO(data))
     return archive, manifest
 
 

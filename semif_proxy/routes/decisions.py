@@ -10,6 +10,7 @@ from aiohttp import web
 from semif_proxy.bodies import read_json_object
 from semif_proxy.errors import NotFound, PayloadTooLarge, Timeout, Unavailable
 from semif_proxy.keys import DECISION_ADMISSION, ENGINE, SETTINGS
+from semif_proxy.middleware import DEADLINE, remaining
 from semif_proxy.schemas import SharedRequest, SingleRequest, check_shared, parse
 
 if TYPE_CHECKING:
@@ -26,15 +27,26 @@ def require_engine(request: web.Request) -> DecisionEngine:
     return engine
 
 
-async def run_on_engine(request: web.Request, fn: Any) -> Any:
-    engine = require_engine(request)
+def deadline_passed(request: web.Request) -> Timeout:
     timeout = request.app[SETTINGS].request_timeout
+    return Timeout(
+        f"the request took longer than {timeout:g}s and its work was stopped "
+        "(SEMIF_REQUEST_TIMEOUT; SageMaker cuts real-time invocations at 60 s)",
+        limit=timeout,
+    )
+
+
+async def run_on_engine(request: web.Request, fn: Any) -> Any:
+    """Run fn on the engine within what is left of the request's deadline; past it, the job
+    is stopped (engine.run aborts it) and the caller gets a 504."""
+    engine = require_engine(request)
+    remaining = request[DEADLINE] - asyncio.get_running_loop().time()
+    if remaining <= 0:
+        raise deadline_passed(request)
     try:
-        return await asyncio.wait_for(engine.run(fn), timeout)
+        return await asyncio.wait_for(engine.run(fn), remaining)
     except asyncio.TimeoutError:
-        raise Timeout(
-            f"the decision took longer than {timeout:g}s (SEMIF_REQUEST_TIMEOUT)"
-        ) from None
+        raise deadline_passed(request) from None
 
 
 def check_count(count: int, field: str, limit: int) -> None:
@@ -69,6 +81,6 @@ async def answer_decisions(request: web.Request, body: dict[str, Any]) -> web.Re
 
 async def decisions(request: web.Request) -> web.Response:
     require_engine(request)
-    async with request.app[DECISION_ADMISSION].slot():
+    async with request.app[DECISION_ADMISSION].slot(remaining(request)):
         body, _ = await read_json_object(request, request.app[SETTINGS].max_body_bytes)
         return await answer_decisions(request, body)

@@ -19,7 +19,11 @@ from semif_proxy.keys import (
 )
 
 
-async def _status(app: web.Application, live: bool) -> tuple[bool, dict[str, Any]]:
+def _status(app: web.Application) -> tuple[bool, dict[str, Any]]:
+    """Ready means every path this server was started with can answer now: decisions when they
+    are on (engine loaded and not refusing this model), chat when it is on (llama-server
+    answered its last probe). One path down is not ready: SageMaker then holds traffic back or
+    replaces the instance, instead of routing calls that would fail."""
     settings = app[SETTINGS]
     parts: dict[str, Any] = {}
     ready = True
@@ -32,14 +36,18 @@ async def _status(app: web.Application, live: bool) -> tuple[bool, dict[str, Any
             "state": "ready" if engine_ok else ("refusing" if engine else loading),
             "reason": engine.unavailable_reason if engine else None,
         }
-        ready = ready and engine is not None
+        ready = ready and engine_ok
     if settings.chat:
         server = app.get(LLAMA)
-        ok = server is not None and (await server.check() if live else server.healthy)
+        # The supervisor probes llama-server in the background; /ping reads its verdict and so
+        # answers at once even while llama-server is stalled.
+        ok = server is not None and server.healthy
         parts["llama_server"] = {
             "state": server.state if server else "not started",
             "pid": server.pid if server else None,
             "restarts": server.restarts if server else 0,
+            "unresponsive_kills": server.unresponsive_kills if server else 0,
+            "failed_probes": server.failed_probes if server else 0,
             "healthy": ok,
         }
         ready = ready and ok
@@ -49,7 +57,7 @@ async def _status(app: web.Application, live: bool) -> tuple[bool, dict[str, Any
 
 
 async def ping(request: web.Request) -> web.Response:
-    ready, parts = await _status(request.app, live=True)
+    ready, parts = _status(request.app)
     return web.json_response(
         {"status": "ok" if ready else "unavailable", **parts}, status=200 if ready else 503
     )
@@ -57,7 +65,7 @@ async def ping(request: web.Request) -> web.Response:
 
 async def health(request: web.Request) -> web.Response:
     app = request.app
-    ready, parts = await _status(app, live=True)
+    ready, parts = _status(app)
     engine = app.get(ENGINE)
     body: dict[str, Any] = {
         "status": "ok" if ready else "unavailable",
@@ -96,6 +104,10 @@ def register_gauges(app: web.Application) -> None:
     metrics.gauge(
         "semif_llama_server_restarts_total",
         lambda: float(app[LLAMA].restarts) if app.get(LLAMA) is not None else 0.0,
+    )
+    metrics.gauge(
+        "semif_llama_server_unresponsive_kills_total",
+        lambda: float(app[LLAMA].unresponsive_kills) if app.get(LLAMA) is not None else 0.0,
     )
 
 

@@ -1,4 +1,4 @@
-"""Everything that is not ours goes to llama-server unchanged, streaming included."""
+"""The llama-server routes we forward (an allow-list), unchanged, streaming included."""
 
 from __future__ import annotations
 
@@ -6,16 +6,39 @@ import asyncio
 import contextlib
 import json
 import logging
+import re
 
 import aiohttp
 from aiohttp import web
 
+from semif_proxy.auth import normalise_path, split_target
 from semif_proxy.bodies import parse_json, read_limited
 from semif_proxy.errors import NotFound, Unavailable, UpstreamError
 from semif_proxy.keys import CHAT_ADMISSION, LLAMA, SETTINGS, UPSTREAM
-from semif_proxy.middleware import REQUEST_ID
+from semif_proxy.middleware import REQUEST_ID, remaining
+from semif_proxy.settings import Settings
 
 log = logging.getLogger("semif_proxy.proxy")
+
+# What llama-server (b11312, tools/server/server.cpp) serves that clients may use: generation,
+# embeddings, reranking, tokenizing, its model list and read-only properties. GET /health,
+# /metrics and (with decisions on) /v1/models are ours and never reach this table by their plain
+# names; a client that spells them oddly gets llama-server's answer or a 404, never a bypass.
+UPSTREAM_ROUTES = frozenset(
+    [("POST", p) for p in (
+        "/v1/chat/completions", "/chat/completions", "/v1/completions", "/completions",
+        "/completion", "/v1/responses", "/responses", "/v1/messages", "/infill",
+        "/v1/embeddings", "/embeddings", "/embedding", "/v1/rerank", "/rerank",
+        "/v1/reranking", "/reranking", "/tokenize", "/detokenize", "/apply-template",
+    )]
+    + [("GET", p) for p in ("/models", "/health", "/props")]
+)  # fmt: skip
+# Admin routes change or expose server state (slot save/restore/erase, global properties, LoRA
+# scales) and only pass with SEMIF_UPSTREAM_ADMIN=on.
+ADMIN_ROUTES = frozenset(
+    [("GET", "/slots"), ("POST", "/props"), ("GET", "/lora-adapters"), ("POST", "/lora-adapters")]
+)
+_ADMIN_SLOT = re.compile(r"/slots/\d+")  # POST /slots/{id}?action=save|restore|erase
 HOP_BY_HOP = frozenset(
     h.lower()
     for h in (
@@ -30,6 +53,8 @@ HOP_BY_HOP = frozenset(
         "Host",
         "Content-Length",
         "Content-Encoding",
+        # The proxy's own API key is not llama-server's business (it has none: llama_args.py).
+        "Authorization",
     )
 )
 
@@ -119,10 +144,32 @@ async def forward(request: web.Request, body: bytes, path: str | None = None) ->
         upstream.close()
 
 
+def upstream_target(settings: Settings, method: str, raw_target: str) -> str | None:
+    """The path (and the client's query) to send llama-server, or None when this method and
+    path are not forwarded. Matched on the normalised path, so `//slots`, `/SLOTS` and
+    `/%73lots` are all /slots; the normalised path is what goes upstream."""
+    path = normalise_path(raw_target)
+    route = (method, path)
+    allowed = route in UPSTREAM_ROUTES or (
+        route == ("GET", "/v1/models") and not settings.decisions
+    )
+    if not allowed and settings.upstream_admin:
+        allowed = route in ADMIN_ROUTES or (method == "POST" and bool(_ADMIN_SLOT.fullmatch(path)))
+    if not allowed:
+        return None
+    _, query = split_target(raw_target)
+    return f"{path}?{query}" if query else path
+
+
 async def passthrough(request: web.Request) -> web.StreamResponse:
+    settings = request.app[SETTINGS]
+    target = upstream_target(settings, request.method, request.raw_path)
+    if target is None:
+        path, _ = split_target(request.raw_path)
+        raise NotFound(f"no route {request.method} {path}", field="path")
     require_upstream(request)
-    async with request.app[CHAT_ADMISSION].slot():
-        body = await read_limited(request, request.app[SETTINGS].max_body_bytes)
+    async with request.app[CHAT_ADMISSION].slot(remaining(request)):
+        body = await read_limited(request, settings.max_body_bytes)
         if body and request.content_type == "application/json":
             parse_json(body)  # malformed JSON is the client's error (400), not llama-server's 500
-        return await forward(request, body)
+        return await forward(request, body, target)

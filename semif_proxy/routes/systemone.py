@@ -11,6 +11,7 @@ from semif_proxy.bodies import read_json_object
 from semif_proxy.engine import Question, Rotated
 from semif_proxy.errors import InvalidRequest
 from semif_proxy.keys import DECISION_ADMISSION, SETTINGS
+from semif_proxy.middleware import remaining
 from semif_proxy.routes import proxy
 from semif_proxy.routes.decisions import check_count, require_engine, run_on_engine
 
@@ -81,7 +82,7 @@ async def answer(request: web.Request, body: dict[str, Any]) -> web.Response:
 
 async def systemone_route(request: web.Request) -> web.Response:
     require_engine(request)
-    async with request.app[DECISION_ADMISSION].slot():
+    async with request.app[DECISION_ADMISSION].slot(remaining(request)):
         body, _ = await read_json_object(request, request.app[SETTINGS].max_body_bytes)
         return await answer(request, body)
 

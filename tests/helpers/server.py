@@ -52,6 +52,10 @@ class ProxyProcess:
         }
         self.log_path = log_path
         self.proc: subprocess.Popen[bytes] | None = None
+        # What is started; a test may swap in the container's entrypoint with the platform's argv.
+        self.command = [sys.executable, "-m", "semif_proxy.cli", "serve"] + (
+            ["--model", str(model)] if model else []
+        )
 
     @property
     def url(self) -> str:
@@ -64,8 +68,7 @@ class ProxyProcess:
     def launch(self) -> ProxyProcess:
         out = open(self.log_path, "wb") if self.log_path else subprocess.DEVNULL  # noqa: SIM115
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "semif_proxy.cli", "serve"]
-            + (["--model", str(self.model)] if self.model else []),
+            self.command,
             env=self.env,
             stdout=out,
             stderr=subprocess.STDOUT,
@@ -89,6 +92,12 @@ class ProxyProcess:
             time.sleep(0.2)
         self.stop()
         raise RuntimeError("semif-proxy did not become ready")
+
+    def log_lines(self) -> list[str]:
+        """The JSON lines the server has logged so far (needs log_path)."""
+        assert self.log_path is not None, "start the server with a log_path"
+        text = self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+        return [line for line in text.splitlines() if line.startswith("{")]
 
     def call(
         self,
