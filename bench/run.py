@@ -14,9 +14,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench import common, suites
+from bench import common, mixed, suites
 
 SUITES = ("jevbench", "generation", "order", "overhead", "shared", "prefix", "scaling")
+# Suites that start their own servers (several configurations side by side).
+OWN_SERVERS = ("mixed",)
 
 
 class Endpoint:
@@ -60,6 +62,18 @@ def run_suite(name: str, server: Any, args: argparse.Namespace) -> dict[str, Any
 
 
 def headline(name: str, r: dict[str, Any]) -> str:
+    if name == "mixed":
+        parts = []
+        for design, d in r["designs"].items():
+            mix = d["mixed"]
+            parts.append(
+                f"{design}: decisions alone {d['decision_p50_over_optimum']:.2f}x optimum, chat "
+                f"alone {d['chat_rate_over_optimum']:.2f}x; mixed decision p50 "
+                f"{mix['decision_seconds']['p50']:.2f} s, chat "
+                f"{mix['chat_tokens_per_s_per_stream']['p50']:.1f} tok/s, TTFT p50 "
+                f"{mix['chat_ttft_seconds']['p50']:.2f} s"
+            )
+        return "; ".join(parts)
     if name == "jevbench":
         lat = r["latency_seconds"]
         return (
@@ -112,7 +126,11 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("suites", nargs="+", choices=(*SUITES, "all"))
+    parser.add_argument("suites", nargs="+", choices=(*SUITES, *OWN_SERVERS, "all"))
+    parser.add_argument("--mixed-seconds", type=float, default=30.0, help="per mixed phase")
+    parser.add_argument(
+        "--mixed-designs", default="gate,split", help=f"of {','.join(mixed.DESIGNS)}"
+    )
     parser.add_argument("--model", type=Path, help="GGUF to serve (started here)")
     parser.add_argument("--endpoint", help="use a running server instead")
     parser.add_argument("--limit", type=int, help="at most this many JevBench tasks")
@@ -124,12 +142,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--invocations", action="store_true", help="JevBench also via /invocations")
     parser.add_argument("--tag", help="name in the results files (default: the model file stem)")
     args = parser.parse_args(argv)
-    names = SUITES if "all" in args.suites else tuple(args.suites)
+    names = (*SUITES, *OWN_SERVERS) if "all" in args.suites else tuple(args.suites)
     if not args.endpoint and not args.model:
         parser.error("give --model or --endpoint")
-    server: Any = Endpoint(args.endpoint) if args.endpoint else common.start_server(args.model)
     tag = args.tag or (args.model.stem if args.model else "endpoint")
     lines = [f"# {tag}", "", f"machine: {json.dumps(common.machine())}", ""]
+    for name in [n for n in names if n in OWN_SERVERS]:
+        if not args.model:
+            parser.error(f"{name} starts its own servers: give --model")
+        start = time.perf_counter()
+        result = mixed.run(args.model, args.mixed_seconds, tuple(args.mixed_designs.split(",")))
+        result.update(wall_seconds=time.perf_counter() - start, machine=common.machine(), model=tag)
+        common.write(f"{name}-{tag}", result)
+        lines.append(f"- **{name}**: {headline(name, result)}")
+        print(lines[-1], flush=True)
+    names = tuple(n for n in names if n not in OWN_SERVERS)
+    if not names:
+        (common.RESULTS / f"summary-{tag}.md").write_text("\n".join(lines) + "\n")
+        return 0
+    server: Any = Endpoint(args.endpoint) if args.endpoint else common.start_server(args.model)
     try:
         for name in names:
             start = time.perf_counter()

@@ -376,12 +376,20 @@ ScoreResult Engine::score(const std::vector<llama_token>& prefix,
         }
     }
     if (mode == ScoreMode::kRestore) {
-        std::vector<uint8_t> saved = get_prefix_state_unlocked();
+        llama_memory_t mem = llama_get_memory(ctx_.get());
         for (size_t i : pending) {
             auto one = [&](size_t, size_t t, const float* row) { sink(i, t, row); };
-            // The suffix goes onto sequence 0 itself; the saved bytes then put the prefix back.
+            // The suffix goes onto sequence 0 itself, right after the prefix's cells; removing
+            // its cells afterwards leaves the prefix as it was (its cells are never written)
+            // and frees the same cells for the next question, which then sits exactly where
+            // the first did. No copy of the state is made.
             decode_branches({Branch{0, &suffixes[i], false}}, prefix.size(), one, result.stats);
-            restore_prefix_unlocked(saved);
+            if (!llama_memory_seq_rm(mem, 0, static_cast<llama_pos>(prefix.size()), -1)) {
+                llama_memory_clear(mem, true);
+                seq0_.clear();
+                prefix_logits_.clear();
+                throw LlamaError(kStateFailed, "could not remove a suffix from sequence 0");
+            }
         }
         return result;
     }
@@ -406,36 +414,36 @@ ScoreResult Engine::score(const std::vector<llama_token>& prefix,
     return result;
 }
 
-std::vector<uint8_t> Engine::get_prefix_state_unlocked() {
-    const size_t size = llama_state_seq_get_size(ctx_.get(), 0);
-    std::vector<uint8_t> data(size);
-    const size_t written = llama_state_seq_get_data(ctx_.get(), data.data(), data.size(), 0);
-    if (written == 0 || written > size) {
-        throw LlamaError(kStateFailed, "llama_state_seq_get_data wrote " + std::to_string(written) +
-                                           " of " + std::to_string(size) + " bytes");
-    }
-    data.resize(written);
-    return data;
-}
-
-void Engine::restore_prefix_unlocked(const std::vector<uint8_t>& data) {
-    llama_memory_seq_rm(llama_get_memory(ctx_.get()), 0, -1, -1);
-    const size_t read = llama_state_seq_set_data(ctx_.get(), data.data(), data.size(), 0);
-    if (read == 0) {
-        seq0_.clear();
-        throw LlamaError(kStateFailed, with_reason("llama_state_seq_set_data rejected " +
-                                                   std::to_string(data.size()) + " bytes"));
-    }
-}
-
-std::vector<uint8_t> Engine::get_prefix_state() {
+size_t Engine::prefix_state_size() {
     std::lock_guard<std::mutex> lock(mutex_);
     if (seq0_.empty()) throw LlamaError(kStateFailed, "no prefix has been evaluated");
     drop_branches();
-    return get_prefix_state_unlocked();
+    return llama_state_seq_get_size(ctx_.get(), 0);
 }
 
-void Engine::set_prefix_state(const std::vector<uint8_t>& data,
+size_t Engine::copy_prefix_state(uint8_t* dst, size_t capacity) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (seq0_.empty()) throw LlamaError(kStateFailed, "no prefix has been evaluated");
+    drop_branches();
+    const size_t written = llama_state_seq_get_data(ctx_.get(), dst, capacity, 0);
+    if (written == 0 || written > capacity) {
+        throw LlamaError(kStateFailed, "llama_state_seq_get_data wrote " + std::to_string(written) +
+                                           " of " + std::to_string(capacity) + " bytes");
+    }
+    return written;
+}
+
+void Engine::restore_prefix_unlocked(const uint8_t* data, size_t size) {
+    llama_memory_seq_rm(llama_get_memory(ctx_.get()), 0, -1, -1);
+    const size_t read = llama_state_seq_set_data(ctx_.get(), data, size, 0);
+    if (read == 0) {
+        seq0_.clear();
+        throw LlamaError(kStateFailed, with_reason("llama_state_seq_set_data rejected " +
+                                                   std::to_string(size) + " bytes"));
+    }
+}
+
+void Engine::set_prefix_state(const uint8_t* data, size_t size,
                               const std::vector<llama_token>& tokens,
                               const std::vector<float>& logits) {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -450,7 +458,7 @@ void Engine::set_prefix_state(const std::vector<uint8_t>& data,
     }
     drop_branches();
     seq0_.clear();
-    restore_prefix_unlocked(data);
+    restore_prefix_unlocked(data, size);
     const llama_pos last = llama_memory_seq_pos_max(llama_get_memory(ctx_.get()), 0);
     if (last + 1 != static_cast<llama_pos>(tokens.size())) {
         llama_memory_seq_rm(llama_get_memory(ctx_.get()), 0, -1, -1);

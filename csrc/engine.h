@@ -114,10 +114,13 @@ public:
     ContinuationResult score_continuations(const std::vector<llama_token>& prefix,
                                            const std::vector<std::vector<llama_token>>& conts);
 
-    std::vector<uint8_t> get_prefix_state();  // state of sequence 0 (the current prefix)
+    // The state of sequence 0 (the current prefix): its size, then the bytes into a buffer the
+    // caller owns (Python allocates it once, as the bytes object it keeps).
+    size_t prefix_state_size();
+    size_t copy_prefix_state(uint8_t* dst, size_t capacity);
     std::vector<llama_token> prefix_tokens() const { return seq0_; }
     const std::vector<float>& prefix_logits() const { return prefix_logits_; }
-    void set_prefix_state(const std::vector<uint8_t>& data, const std::vector<llama_token>& tokens,
+    void set_prefix_state(const uint8_t* data, size_t size, const std::vector<llama_token>& tokens,
                           const std::vector<float>& logits);
     void reset();
     void set_threads(int32_t n_threads);
@@ -146,8 +149,7 @@ private:
     void decode_branches(const std::vector<Branch>& branches, size_t prefix_len,
                          const LogitsSink& sink, ScoreStats& stats);
     void drop_branches();
-    std::vector<uint8_t> get_prefix_state_unlocked();
-    void restore_prefix_unlocked(const std::vector<uint8_t>& data);
+    void restore_prefix_unlocked(const uint8_t* data, size_t size);
     void read_row(const float* row, const std::vector<llama_token>& ids, float* out,
                   double* lse) const;
 

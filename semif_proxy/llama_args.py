@@ -11,7 +11,7 @@ start-up with a message that names the variable.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from semif_proxy.llama_flags import Flag, FlagTable, HelpError, read_flags
@@ -198,3 +198,18 @@ def llama_server_args(env: Mapping[str, str], configured: Path | None) -> list[s
     except HelpError as exc:
         raise LlamaArgsError(f"{var}: cannot check it against llama-server: {exc}") from None
     return _map(items, table)
+
+
+def with_defaults(args: Sequence[str], threads: int | None) -> list[str]:
+    """The operator's arguments plus what the proxy chooses where the operator did not:
+    - threads from the CPU plan (semif_proxy/cpu.py);
+    - flash attention off, as in the engine. Then the same prompt gives the same next-token
+      distribution through /completion as through a decision (with it on, llama.cpp's CPU
+      kernels sum attention in another order: up to 0.06 apart in probability), and prompt
+      processing was as fast either way on the CPU (README, Benchmarks)."""
+    out = list(args)
+    if threads is not None and not any(a in ("--threads", "-t") for a in out):
+        out += ["--threads", str(threads)]
+    if not any(a in ("--flash-attn", "-fa") for a in out):
+        out += ["--flash-attn", "off"]
+    return out

@@ -10,7 +10,7 @@ from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
-from semif_proxy.errors import ApiError
+from semif_proxy.errors import ApiError, Timeout
 from semif_proxy.keys import METRICS, SETTINGS
 
 log = logging.getLogger("semif_proxy.access")
@@ -23,6 +23,15 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 def remaining(request: web.Request) -> float:
     """Seconds left before the request's deadline (never below a millisecond)."""
     return max(0.001, request[DEADLINE] - asyncio.get_running_loop().time())
+
+
+def deadline_passed(request: web.Request) -> Timeout:
+    timeout = request.app[SETTINGS].request_timeout
+    return Timeout(
+        f"the request took longer than {timeout:g}s and its work was stopped "
+        "(SEMIF_REQUEST_TIMEOUT; SageMaker cuts real-time invocations at 60 s)",
+        limit=timeout,
+    )
 
 
 def error_response(error: ApiError, request_id: str) -> web.Response:

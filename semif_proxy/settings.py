@@ -10,11 +10,12 @@ import json
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from semif_proxy import redact
+from semif_proxy.cpu import ThreadPlan, plan_threads
 from semif_proxy.llama_args import PREFIX, LlamaArgsError, llama_server_args
 from semif_proxy.model_files import ModelNotFoundError, discover_model
 
@@ -58,7 +59,10 @@ class Settings(BaseModel):
 
     # Decision engine
     n_ctx: int = Field(4096, ge=64, le=1 << 20)
-    n_threads: int = Field(0, ge=0, le=1024)  # 0: half the cores (the rest go to llama-server)
+    n_threads: int = Field(0, ge=0, le=1024)  # 0: as cpu_sharing says (semif_proxy/cpu.py)
+    # How the engine and llama-server share the CPU: gate (both get every core, one job at a
+    # time), split (cores divided, both at once), none; auto: gate on the CPU, none with GPU.
+    cpu_sharing: Literal["auto", "gate", "split", "none"] = "auto"
     n_gpu_layers: int = Field(0, ge=-1)
     # Sequences: the prefix, at least one branch and the alignment filler need three.
     n_parallel: int = Field(8, ge=3, le=64)
@@ -97,11 +101,15 @@ class Settings(BaseModel):
         return upper
 
     @property
-    def engine_threads(self) -> int:
-        if self.n_threads:
-            return self.n_threads
-        cores = os.cpu_count() or 1
-        return max(1, cores // 2) if self.chat else cores
+    def threads(self) -> ThreadPlan:
+        return plan_threads(
+            self.cpu_sharing,
+            self.n_threads,
+            self.n_gpu_layers,
+            self.chat,
+            self.decisions,
+            self.llama_server_args,
+        )
 
     @property
     def prompt_token_limit(self) -> int:
@@ -133,6 +141,7 @@ _ENV: dict[str, tuple[str, tuple[str, ...]]] = {
     "max_failed_probes": ("SEMIF_MAX_FAILED_PROBES", ()),
     "n_ctx": ("SEMIF_CTX_SIZE", ("SM_LLAMA_CPP_CTX_SIZE", "SM_LLAMA_CPP_C")),
     "n_threads": ("SEMIF_THREADS", ("SM_LLAMA_CPP_THREADS", "SM_LLAMA_CPP_T")),
+    "cpu_sharing": ("SEMIF_CPU_SHARING", ()),
     "n_gpu_layers": (
         "SEMIF_N_GPU_LAYERS",
         ("SM_LLAMA_CPP_N_GPU_LAYERS", "SM_LLAMA_CPP_GPU_LAYERS", "SM_LLAMA_CPP_NGL"),

@@ -42,6 +42,14 @@ def qwen_path() -> Path:
 
 
 @pytest.fixture(scope="session")
+def qwen15_path() -> Path:
+    path = os.environ.get("SEMIF_TEST_QWEN15")
+    if not path or not Path(path).is_file():
+        pytest.skip("Qwen2.5-1.5B model not fetched (make model-qwen15; SEMIF_TEST_QWEN15)")
+    return Path(path)
+
+
+@pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_tiny_model(tmp_path_factory.mktemp("tiny") / "tiny.gguf")
 

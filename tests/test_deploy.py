@@ -78,7 +78,7 @@ def test_package_model_uploads_gguf_and_manifest(tiny_model: Path, tmp_path: Pat
 
 def test_package_model_writes_readable_modes(tiny_model: Path, tmp_path: Path) -> None:
     """0644 files owned by root whatever the source's mode and the umask: SageMaker unpacks as
-    root, the server runs as uid 10001."""
+    root; any user can then read the GGUF."""
     private = tmp_path / "src" / "private.gguf"
     private.parent.mkdir()
     private.write_bytes(tiny_model.read_bytes())

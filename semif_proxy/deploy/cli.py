@@ -248,7 +248,9 @@ def add_commands(sub: Any) -> None:
     p.add_argument("--tag", default="latest")
     p.add_argument("--gpu", action="store_true", help="use container/Dockerfile.gpu")
     p.add_argument(
-        "--llama-cpp-ref", help="llama.cpp ref of the base (default: read from the base image)"
+        "--llama-cpp-ref",
+        help="b<build> or commit the base must run (the build fails otherwise); "
+        "default: the base's own, read from its llama-server",
     )
     p.add_argument("--role", help="CodeBuild service role ARN (or SEMIF_CODEBUILD_ROLE)")
     p.add_argument("--root", default=".", help="repository root")

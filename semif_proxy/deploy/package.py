@@ -19,7 +19,7 @@ from semif_proxy.model_files import MANIFEST_NAME, file_sha256
 
 def normalize(info: tarfile.TarInfo) -> tarfile.TarInfo:
     """Owner root, files 0644, directories 0755, whatever the source's mode or the umask:
-    SageMaker unpacks as root and the server may run as another user (uid 10001)."""
+    SageMaker unpacks as root; any user reading the GGUF then can."""
     info.mode = 0o755 if info.isdir() else 0o644
     info.uid = info.gid = 0
     info.uname = info.gname = "root"

@@ -8,9 +8,9 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 
 from semif_proxy.bodies import read_json_object
-from semif_proxy.errors import NotFound, PayloadTooLarge, Timeout, Unavailable
-from semif_proxy.keys import DECISION_ADMISSION, ENGINE, SETTINGS
-from semif_proxy.middleware import DEADLINE, remaining
+from semif_proxy.errors import NotFound, PayloadTooLarge, Unavailable
+from semif_proxy.keys import DECISION_ADMISSION, ENGINE, GATE, SETTINGS
+from semif_proxy.middleware import DEADLINE, deadline_passed, remaining
 from semif_proxy.schemas import SharedRequest, SingleRequest, check_shared, parse
 
 if TYPE_CHECKING:
@@ -27,15 +27,6 @@ def require_engine(request: web.Request) -> DecisionEngine:
     return engine
 
 
-def deadline_passed(request: web.Request) -> Timeout:
-    timeout = request.app[SETTINGS].request_timeout
-    return Timeout(
-        f"the request took longer than {timeout:g}s and its work was stopped "
-        "(SEMIF_REQUEST_TIMEOUT; SageMaker cuts real-time invocations at 60 s)",
-        limit=timeout,
-    )
-
-
 async def run_on_engine(request: web.Request, fn: Any) -> Any:
     """Run fn on the engine within what is left of the request's deadline; past it, the job
     is stopped (engine.run aborts it) and the caller gets a 504."""
@@ -43,10 +34,13 @@ async def run_on_engine(request: web.Request, fn: Any) -> Any:
     remaining = request[DEADLINE] - asyncio.get_running_loop().time()
     if remaining <= 0:
         raise deadline_passed(request)
-    try:
-        return await asyncio.wait_for(engine.run(fn), remaining)
-    except asyncio.TimeoutError:
-        raise deadline_passed(request) from None
+    # The whole machine for this job: chat calls in flight finish first, new ones wait.
+    async with request.app[GATE].exclusive(remaining):
+        remaining = request[DEADLINE] - asyncio.get_running_loop().time()
+        try:
+            return await asyncio.wait_for(engine.run(fn), max(remaining, 0.001))
+        except asyncio.TimeoutError:
+            raise deadline_passed(request) from None
 
 
 def check_count(count: int, field: str, limit: int) -> None:

@@ -12,10 +12,12 @@ from semif_proxy.keys import (
     CHAT_ADMISSION,
     DECISION_ADMISSION,
     ENGINE,
+    GATE,
     LLAMA,
     METRICS,
     SETTINGS,
     STARTUP,
+    THREADS,
 )
 
 
@@ -74,6 +76,13 @@ async def health(request: web.Request) -> web.Response:
         **native.build_info(),
         **parts,
     }
+    plan = app[THREADS]
+    body["cpu"] = {
+        "sharing": plan.sharing,
+        "engine_threads": plan.engine,
+        "llama_server_threads": plan.llama_server,
+        "gate_waiting": app[GATE].waiting,
+    }
     if engine is not None:
         body["model"] = engine.model_info
         body["prefix_cache"] = {
@@ -105,6 +114,8 @@ def register_gauges(app: web.Application) -> None:
         "semif_llama_server_restarts_total",
         lambda: float(app[LLAMA].restarts) if app.get(LLAMA) is not None else 0.0,
     )
+    metrics.gauge("semif_cpu_gate_waiting", lambda: float(app[GATE].waiting))
+    metrics.gauge("semif_cpu_gate_waits_total", lambda: float(app[GATE].waits))
     metrics.gauge(
         "semif_llama_server_unresponsive_kills_total",
         lambda: float(app[LLAMA].unresponsive_kills) if app.get(LLAMA) is not None else 0.0,

@@ -14,8 +14,8 @@ from aiohttp import web
 from semif_proxy.auth import normalise_path, split_target
 from semif_proxy.bodies import parse_json, read_limited
 from semif_proxy.errors import NotFound, Unavailable, UpstreamError
-from semif_proxy.keys import CHAT_ADMISSION, LLAMA, SETTINGS, UPSTREAM
-from semif_proxy.middleware import REQUEST_ID, remaining
+from semif_proxy.keys import CHAT_ADMISSION, GATE, LLAMA, SETTINGS, UPSTREAM
+from semif_proxy.middleware import REQUEST_ID, deadline_passed, remaining
 from semif_proxy.settings import Settings
 
 log = logging.getLogger("semif_proxy.proxy")
@@ -82,14 +82,32 @@ def _sse_error(message: str) -> bytes:
     return f"data: {json.dumps(payload)}\n\n".encode()
 
 
+# Routes that run the model: they take their turn at the CPU gate (semif_proxy/cpu_gate.py).
+# Tokenizing, templates, /props and /models cost nothing worth queueing for.
+COMPUTE_PATHS = frozenset(
+    p
+    for method, p in UPSTREAM_ROUTES
+    if method == "POST" and p not in ("/tokenize", "/detokenize", "/apply-template")
+)
+
+
 async def forward(request: web.Request, body: bytes, path: str | None = None) -> web.StreamResponse:
-    """Send the request to llama-server and relay the answer chunk by chunk as it arrives."""
+    """Send the request to llama-server and relay the answer chunk by chunk as it arrives.
+    A model call holds a shared turn at the CPU gate until its last chunk is relayed."""
     require_upstream(request)
+    target = (path or request.rel_url.path).split("?", 1)[0]
+    if request.method == "POST" and target in COMPUTE_PATHS:
+        async with request.app[GATE].shared(remaining(request)):
+            return await _relay(request, body, path)
+    return await _relay(request, body, path)
+
+
+async def _relay(request: web.Request, body: bytes, path: str | None) -> web.StreamResponse:
     session = request.app[UPSTREAM]
     headers = _forward_headers(request.headers)
-    timeout = aiohttp.ClientTimeout(
-        total=None, sock_connect=5, sock_read=request.app[SETTINGS].request_timeout
-    )
+    # Until the answer starts, the request's own deadline applies (a non-streamed completion
+    # answers only when it is done); a stream then may take as long as it keeps producing.
+    timeout = aiohttp.ClientTimeout(total=None, sock_connect=5, sock_read=remaining(request))
     try:
         upstream = await session.request(
             request.method,
@@ -99,18 +117,25 @@ async def forward(request: web.Request, body: bytes, path: str | None = None) ->
             timeout=timeout,
             allow_redirects=False,
         )
-    except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as exc:
+    except asyncio.TimeoutError:
+        raise deadline_passed(request) from None
+    except (aiohttp.ClientError, OSError) as exc:
         raise UpstreamError(f"llama-server did not answer: {exc.__class__.__name__}") from None
     streaming = upstream.headers.get("Content-Type", "").startswith("text/event-stream")
     response = web.StreamResponse(
         status=upstream.status, headers=_forward_headers(upstream.headers)
     )
     response.headers["X-Request-Id"] = request[REQUEST_ID]
+    if upstream.status == 503 and "Retry-After" not in response.headers:
+        # llama-server says 503 while it loads (a restart raced this call): retry soon.
+        response.headers["Retry-After"] = "2"
     try:
         if not streaming:
             try:
-                payload = await upstream.read()
-            except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+                payload = await asyncio.wait_for(upstream.read(), remaining(request))
+            except asyncio.TimeoutError:
+                raise deadline_passed(request) from None
+            except aiohttp.ClientError as exc:
                 raise UpstreamError(
                     f"llama-server failed mid-answer: {exc.__class__.__name__}"
                 ) from None

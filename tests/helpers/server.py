@@ -34,7 +34,10 @@ class Reply:
 
 class ProxyProcess:
     def __init__(
-        self, model: Path | None, env: dict[str, str] | None = None, log_path: Path | None = None
+        self,
+        model: Path | None,
+        env: dict[str, str | None] | None = None,
+        log_path: Path | None = None,
     ) -> None:
         self.port = free_port()
         self.upstream_port = free_port()
@@ -50,6 +53,8 @@ class ProxyProcess:
             "SEMIF_N_GPU_LAYERS": os.environ.get("SEMIF_TEST_GPU_LAYERS", "0"),
             **(env or {}),
         }
+        # None in `env` removes a variable (e.g. SEMIF_THREADS, to run with the defaults).
+        self.env = {k: v for k, v in self.env.items() if v is not None}
         self.log_path = log_path
         self.proc: subprocess.Popen[bytes] | None = None
         # What is started; a test may swap in the container's entrypoint with the platform's argv.

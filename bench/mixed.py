@@ -1,0 +1,181 @@
+"""`mixed`: how the engine and llama-server share the CPU, measured per design.
+
+For each design (SEMIF_CPU_SHARING=gate, split) one server with otherwise default settings runs
+three phases: decisions alone (4 clients), streaming chat alone (2 clients), and both at once.
+Two single-path servers give the optimum each path can reach on this machine: decisions with
+SEMIF_CHAT=off, chat with SEMIF_DECISIONS=off. Decisions are ~350-token prompts on fresh states
+(prefix cache off), chat answers are 64 generated tokens.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from bench.common import summary
+from tests.helpers.server import ProxyProcess
+
+DECISION_CLIENTS = 4
+CHAT_CLIENTS = 2
+CHAT_TOKENS = 64
+STATE = (
+    "Customer email #{n}: I ordered a standing desk on the 3rd and paid by card. The courier "
+    "marked it delivered yesterday, but nothing arrived; my neighbours have not seen it either. "
+    "I already waited a day in case it was a scanning mistake. I need the desk for work and "
+    "would like either a replacement shipped quickly or my money back. Order reference "
+    "DX-{n}-5521, account under this email. Please tell me what happens next and how long it "
+    "will take, and whether I have to file anything with the courier myself. "
+)
+
+
+def decision(n: int) -> dict[str, Any]:
+    return {
+        "decision": {
+            "id": f"mixed-{n}",
+            "state": STATE.format(n=n) * 2,
+            "question": "Which support queue should handle this ticket?",
+            "options": [
+                {"id": "billing", "description": "Billing, invoices, refunds and payments"},
+                {"id": "shipping", "description": "Delivery, tracking and lost parcels"},
+                {"id": "account", "description": "Login, password and account access"},
+                {"id": "product", "description": "Product defects and how-to questions"},
+            ],
+        }
+    }
+
+
+def chat(n: int) -> dict[str, Any]:
+    return {
+        "messages": [{"role": "user", "content": f"Write a short story about lighthouse {n}."}],
+        "max_tokens": CHAT_TOKENS,
+        "temperature": 0,
+        "ignore_eos": True,  # every answer is CHAT_TOKENS long: rates compare
+        "stream": True,
+    }
+
+
+async def decision_client(
+    session: aiohttp.ClientSession, url: str, n: int, until: float, out: list[float]
+) -> None:
+    i = 0
+    while time.monotonic() < until:
+        i += 1
+        start = time.perf_counter()
+        async with session.post(url + "/v1/decisions", json=decision(n * 10_000 + i)) as resp:
+            await resp.read()
+            if resp.status == 200:
+                out.append(time.perf_counter() - start)
+
+
+async def chat_client(
+    session: aiohttp.ClientSession, url: str, n: int, until: float, out: list[dict[str, float]]
+) -> None:
+    i = 0
+    while time.monotonic() < until:
+        i += 1
+        start = time.perf_counter()
+        first = None
+        tokens = 0
+        async with session.post(url + "/v1/chat/completions", json=chat(n * 10_000 + i)) as resp:
+            if resp.status != 200:
+                await resp.read()
+                continue
+            async for line in resp.content:
+                if not line.startswith(b"data: ") or line.startswith(b"data: [DONE]"):
+                    continue
+                delta = json.loads(line[6:])["choices"][0].get("delta", {})
+                if delta.get("content"):
+                    tokens += 1
+                    first = first or time.perf_counter()
+        end = time.perf_counter()
+        if first is not None and tokens > 1:
+            out.append(
+                {
+                    "ttft": first - start,
+                    "tokens": tokens,
+                    "tokens_per_s": (tokens - 1) / (end - first),
+                    "seconds": end - start,
+                }
+            )
+
+
+async def phase(url: str, decisions: int, chats: int, seconds: float) -> dict[str, Any]:
+    until = time.monotonic() + seconds
+    lat: list[float] = []
+    streams: list[dict[str, float]] = []
+    timeout = aiohttp.ClientTimeout(total=300)
+    async with aiohttp.ClientSession(timeout=timeout) as session:
+        start = time.monotonic()
+        await asyncio.gather(
+            *(decision_client(session, url, n, until, lat) for n in range(decisions)),
+            *(chat_client(session, url, 100 + n, until, streams) for n in range(chats)),
+        )
+        wall = time.monotonic() - start
+    out: dict[str, Any] = {"clients": {"decision": decisions, "chat": chats}, "seconds": wall}
+    if decisions:
+        out["decision_seconds"] = summary(lat)
+        out["decisions_per_s"] = len(lat) / wall
+    if chats:
+        out["chat_ttft_seconds"] = summary([s["ttft"] for s in streams])
+        out["chat_tokens_per_s_per_stream"] = summary([s["tokens_per_s"] for s in streams])
+        out["chat_tokens_per_s_total"] = sum(s["tokens"] for s in streams) / wall
+    return out
+
+
+def serve(model: Path, env: dict[str, str | None]) -> ProxyProcess:
+    # The defaults a user gets, but for the cache (fresh states) and a queue long enough.
+    base: dict[str, str | None] = {
+        "SEMIF_PREFIX_CACHE_MB": "0",
+        "SEMIF_MAX_QUEUE": "256",
+        "SEMIF_THREADS": None,
+        "SM_LLAMA_CPP_PARALLEL": None,
+    }
+    return ProxyProcess(model, {**base, **env}).start(timeout=300)
+
+
+DESIGNS: dict[str, dict[str, str | None]] = {
+    "gate": {"SEMIF_CPU_SHARING": "gate"},
+    "split": {"SEMIF_CPU_SHARING": "split"},
+    "none": {"SEMIF_CPU_SHARING": "none"},
+    "none-passive": {"SEMIF_CPU_SHARING": "none", "OMP_WAIT_POLICY": "passive"},
+}
+
+
+def run(model: Path, seconds: float = 30.0, designs: tuple[str, ...] = ("gate", "split")) -> dict:
+    results: dict[str, Any] = {"seconds_per_phase": seconds, "designs": {}}
+    server = serve(model, {"SEMIF_CHAT": "off"})
+    try:
+        results["optimum_decisions"] = asyncio.run(phase(server.url, DECISION_CLIENTS, 0, seconds))
+        results["optimum_decisions"]["threads"] = server.call("GET", "/health").json()["cpu"]
+    finally:
+        server.stop()
+    server = serve(model, {"SEMIF_DECISIONS": "off"})
+    try:
+        results["optimum_chat"] = asyncio.run(phase(server.url, 0, CHAT_CLIENTS, seconds))
+    finally:
+        server.stop()
+    for design in designs:
+        server = serve(model, DESIGNS[design])
+        try:
+            cpu = server.call("GET", "/health").json()["cpu"]
+            results["designs"][design] = {
+                "cpu": cpu,
+                "decisions_alone": asyncio.run(phase(server.url, DECISION_CLIENTS, 0, seconds)),
+                "chat_alone": asyncio.run(phase(server.url, 0, CHAT_CLIENTS, seconds)),
+                "mixed": asyncio.run(phase(server.url, DECISION_CLIENTS, CHAT_CLIENTS, seconds)),
+            }
+        finally:
+            server.stop()
+    best_d = results["optimum_decisions"]["decision_seconds"]["p50"]
+    best_c = results["optimum_chat"]["chat_tokens_per_s_per_stream"]["p50"]
+    for r in results["designs"].values():
+        r["decision_p50_over_optimum"] = r["decisions_alone"]["decision_seconds"]["p50"] / best_d
+        r["chat_rate_over_optimum"] = (
+            r["chat_alone"]["chat_tokens_per_s_per_stream"]["p50"] / best_c
+        )
+    return results
