@@ -25,7 +25,9 @@ def run(model: Path, prefix_tokens: int = 4000, questions: int = 8, threads: int
     text = UNIT * (prefix_tokens // 30 + 2)
     tokens = list(core.tokenize(text, add_special=True))
     prefix = tokens[: prefix_tokens - prefix_tokens % core.cell_align]
-    suffixes = [list(core.tokenize(f" Question {i}: which team? Answer:")) for i in range(questions)]
+    suffixes = [
+        list(core.tokenize(f" Question {i}: which team? Answer:")) for i in range(questions)
+    ]
     ids = list(core.tokenize("ABCD", add_special=False))
     start = time.perf_counter()
     core.score(prefix, [[]], ids, "restore")
