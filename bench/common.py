@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tests.helpers.server import ProxyProcess
+from semif_proxy.testing.server import ProxyProcess
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

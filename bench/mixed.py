@@ -18,7 +18,7 @@ from typing import Any
 import aiohttp
 
 from bench.common import summary
-from tests.helpers.server import ProxyProcess
+from semif_proxy.testing.server import ProxyProcess
 
 DECISION_CLIENTS = 4
 CHAT_CLIENTS = 2

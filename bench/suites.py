@@ -11,18 +11,17 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import get_json, memory_kb, post, progress, summary
-from bench.jevbench_tasks import (
+from semif_proxy.calibrate import ece
+from semif_proxy.examples import ROUTING_OPTIONS, ROUTING_STATE
+from semif_proxy.jevbench import (
     Task,
-    ece,
     label_probabilities,
     predicted_label,
     read_tasks,
     task_files,
 )
 from semif_proxy.prompt import LETTERS
-from tests.helpers.server import ProxyProcess
-from tests.test_engine import OPTIONS as ROUTING_OPTIONS
-from tests.test_engine import STATE as ROUTING_STATE
+from semif_proxy.testing.server import ProxyProcess
 
 LONG_STATE_UNIT = (
     "Order 4471 was placed on the web shop, paid by card, packed in the Leipzig warehouse and "

@@ -13,6 +13,12 @@ set(SEMIF_LLAMA_LIB_DIR "" CACHE PATH "directory holding an installed libllama (
 set(SEMIF_LLAMA_INCLUDE_DIR "" CACHE PATH "directory holding llama.h and ggml.h (mode b)")
 set(SEMIF_LLAMA_SERVER_PATH "" CACHE FILEPATH "llama-server binary to ship (mode b, optional)")
 option(SEMIF_CUDA "build llama.cpp with GGML_CUDA (mode a)" OFF)
+set(SEMIF_CUDA_ARCHITECTURES "90" CACHE STRING
+    "CMAKE_CUDA_ARCHITECTURES of the CUDA build, ';' ',' or ' ' between them\
+ (90: H100/H200; 86: A10G; 89: L4/L40S)")
+set(SEMIF_CUDA_LINK_FILE "" CACHE FILEPATH
+    "file of -D arguments, one a line, that complete the CUDA toolkit for llama.cpp's\
+ FindCUDAToolkit (cuBLAS, libcuda.so for linking): scripts/cuda_link_deps.py writes it")
 set(SEMIF_LLAMA_BUILD_NUMBER "11312" CACHE STRING "llama.cpp build number of the pinned tree")
 set(SEMIF_LLAMA_BUILD_COMMIT "0c1e570" CACHE STRING "llama.cpp commit of the pinned tree")
 
@@ -56,7 +62,19 @@ if(SEMIF_LLAMA_SOURCE_DIR)
          -DGGML_BMI2=ON)
   endif()
   if(SEMIF_CUDA)
-    list(APPEND _opts -DGGML_CUDA=ON)
+    # Only the named compute capabilities (llama.cpp's default list is 7 architectures, ~7x
+    # the compile time and size). Flash-attention kernels for the default KV types only.
+    # The list goes through an initial-cache file: a ';' would split the -D argument here.
+    string(REGEX REPLACE "[ ,;]+" ";" _archs "${SEMIF_CUDA_ARCHITECTURES}")
+    file(MAKE_DIRECTORY "${SEMIF_LLAMA_BUILD_DIR}")
+    file(WRITE "${SEMIF_LLAMA_BUILD_DIR}/semif-cuda-init.cmake"
+         "set(CMAKE_CUDA_ARCHITECTURES \"${_archs}\" CACHE STRING \"semif\" FORCE)\n")
+    list(APPEND _opts -DGGML_CUDA=ON -DGGML_CUDA_FA_ALL_QUANTS=OFF
+         -C "${SEMIF_LLAMA_BUILD_DIR}/semif-cuda-init.cmake")
+    if(SEMIF_CUDA_LINK_FILE)
+      file(STRINGS "${SEMIF_CUDA_LINK_FILE}" _cuda_link REGEX "^-D")
+      list(APPEND _opts ${_cuda_link})
+    endif()
   endif()
   find_program(_ninja ninja)
   if(_ninja AND NOT EXISTS "${SEMIF_LLAMA_BUILD_DIR}/CMakeCache.txt")

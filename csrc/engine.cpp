@@ -97,20 +97,11 @@ Engine::Engine(const EngineConfig& config) : config_(config) {
 
 llama_token Engine::bos() const { return llama_vocab_bos(vocab_); }
 llama_token Engine::eos() const { return llama_vocab_eos(vocab_); }
-llama_token Engine::eot() const { return llama_vocab_eot(vocab_); }
 bool Engine::add_bos() const { return llama_vocab_get_add_bos(vocab_); }
-uint64_t Engine::model_size() const { return llama_model_size(model_.get()); }
-uint64_t Engine::n_params() const { return llama_model_n_params(model_.get()); }
 
 std::string Engine::chat_template() const {
     const char* tmpl = llama_model_chat_template(model_.get(), nullptr);
     return tmpl ? std::string(tmpl) : std::string();
-}
-
-std::string Engine::description() const {
-    char buf[256];
-    const int32_t n = llama_model_desc(model_.get(), buf, sizeof(buf));
-    return n > 0 ? std::string(buf, std::min<size_t>(n, sizeof(buf) - 1)) : std::string();
 }
 
 std::map<std::string, std::string> Engine::metadata() const {
@@ -529,13 +520,6 @@ void Engine::reset() {
     std::lock_guard<std::mutex> lock(mutex_);
     llama_memory_clear(llama_get_memory(ctx_.get()), true);
     seq0_.clear();
-}
-
-void Engine::set_threads(int32_t n_threads) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (n_threads < 1) throw LlamaError(kBadArgument, "n_threads must be at least 1");
-    llama_set_n_threads(ctx_.get(), n_threads, n_threads);
-    n_threads_ = n_threads;
 }
 
 }  // namespace semif

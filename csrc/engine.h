@@ -2,9 +2,17 @@
 // The decision engine: one llama.cpp model + context, used by one thread at a time (a mutex
 // serialises callers; the Python layer runs it in a single worker thread anyway).
 //
-// Sequence 0 holds the most recently evaluated prefix. Scoring a list of suffixes copies that
-// prefix to branch sequences 1..n_seq-1 (cheap with a unified KV cache: cells are shared) and
-// decodes the suffixes side by side in as few llama_decode calls as the context allows.
+// Sequence 0 holds the most recently evaluated prefix (with its last-position logits, so the
+// same prefix asked again is reused, not re-evaluated). score() decodes each suffix after it in
+// one of two modes (ScoreMode):
+// - kRestore ("restore", the CPU path): one suffix at a time on sequence 0 itself, right after
+//   the prefix's cells; llama_memory_seq_rm then removes the suffix's cells, so the next suffix
+//   sits exactly where the previous one did, where a one-piece evaluation of its prompt puts it.
+// - kCopy ("copy", with GPU offload): the prefix is shared with branch sequences 1..n_seq-2
+//   (cheap with a unified KV cache: cells are shared) and the suffixes are decoded side by side,
+//   each starting on an aligned cell, in as few llama_decode calls as the context allows.
+// Sequence n_seq-1 only holds the filler cells that keep branch starts aligned (see
+// decode_branches); nothing attends to them and they are removed after every call.
 #include <atomic>
 #include <cstdint>
 #include <functional>
@@ -43,13 +51,14 @@ struct EngineConfig {
     int32_t n_ctx = 4096;
     int32_t n_threads = 0;  // 0: llama.cpp's default
     int32_t n_gpu_layers = 0;
-    int32_t n_seq = 8;      // sequence 0 for the prefix, the rest for parallel branches
+    int32_t n_seq = 8;      // 0: the prefix; 1..n_seq-2: parallel branches; n_seq-1: filler
     int32_t n_batch = 2048;
     // llama_flash_attn_type; off by default: the CPU flash-attention kernels change their
     // accumulation with the batch shape, which would make results depend on batching.
     int32_t flash_attn = 0;
 };
 
+// How score() places the suffixes (see the comment at the top of this file).
 enum class ScoreMode { kCopy, kRestore };
 
 struct ScoreStats {
@@ -86,20 +95,14 @@ public:
 
     int32_t n_vocab() const { return n_vocab_; }
     int32_t n_ctx() const { return n_ctx_; }
-    int32_t n_seq() const { return n_seq_; }
-    int32_t n_batch() const { return n_batch_; }
     int32_t n_threads() const { return n_threads_; }
     int32_t cell_align() const { return static_cast<int32_t>(cell_align_); }
     const EngineConfig& config() const { return config_; }
     llama_token bos() const;
     llama_token eos() const;
-    llama_token eot() const;
     bool add_bos() const;
     std::string chat_template() const;  // empty when the GGUF has none
     std::map<std::string, std::string> metadata() const;
-    std::string description() const;
-    uint64_t model_size() const;
-    uint64_t n_params() const;
     std::vector<llama_token> special_tokens() const;  // control + user-defined
     uint64_t tokens_evaluated() const { return tokens_evaluated_; }
 
@@ -123,7 +126,6 @@ public:
     void set_prefix_state(const uint8_t* data, size_t size, const std::vector<llama_token>& tokens,
                           const std::vector<float>& logits);
     void reset();
-    void set_threads(int32_t n_threads);
 
     // Stop the work in progress at the next graph node or decode (any thread, no lock): the
     // call in progress throws kAborted and the engine holds no prefix afterwards. The flag

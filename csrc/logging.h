@@ -1,8 +1,8 @@
 #pragma once
 // llama.cpp/ggml log routing. The C callback never touches Python (it can fire on ggml worker
 // threads while another thread waits on them with the GIL held); it only queues complete lines.
-// `drain_logs` forwards the queue to Python's `logging` and is called with the GIL held after
-// every engine entry point.
+// `flush_logs` (module.cpp) forwards the queue to Python's `logging`; it runs with the GIL held
+// after every binding that releases the GIL, and after `load_backends`.
 #include <string>
 #include <vector>
 

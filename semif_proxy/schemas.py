@@ -1,4 +1,5 @@
-"""Request models for the decision path, and pydantic errors turned into the API error shape."""
+"""Request models for the decision path, the validation rules across them, and pydantic errors
+turned into the API error shape. Pure: no engine, no HTTP."""
 
 from __future__ import annotations
 
@@ -14,9 +15,9 @@ from pydantic import (
     field_validator,
 )
 
-from semif_proxy.errors import InvalidRequest
+from semif_proxy.errors import InvalidRequest, PayloadTooLarge
+from semif_proxy.prompt import MAX_OPTIONS
 
-MAX_OPTIONS = 26
 NonEmpty = Annotated[str, StringConstraints(min_length=1)]
 State = NonEmpty | dict[str, Any] | list[Any]
 
@@ -79,6 +80,17 @@ def check_shared(request: SharedRequest) -> None:
                 "the identical state in every decision",
                 field=f"decisions[{i}].state",
             )
+
+
+def check_count(count: int, field: str, limit: int) -> None:
+    """Decisions and System One questions share one per-request limit (SEMIF_MAX_DECISIONS)."""
+    if count > limit:
+        raise PayloadTooLarge(
+            f"{field}: {count} {field}, over the limit of {limit} (SEMIF_MAX_DECISIONS)",
+            field=field,
+            count=count,
+            limit=limit,
+        )
 
 
 def field_path(loc: tuple[Any, ...]) -> str:

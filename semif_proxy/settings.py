@@ -18,6 +18,7 @@ from semif_proxy import redact
 from semif_proxy.cpu import ThreadPlan, plan_threads
 from semif_proxy.llama_args import PREFIX, LlamaArgsError, llama_server_args
 from semif_proxy.model_files import ModelNotFoundError, discover_model
+from semif_proxy.prompt import MAX_OPTIONS
 
 
 class SettingsError(ValueError):
@@ -82,7 +83,7 @@ class Settings(BaseModel):
     # the caller gets a 504 that says why instead of the platform's bare error.
     request_timeout: float = Field(55.0, gt=0.0)
     prefix_cache_mb: int = Field(256, ge=0)
-    permutations: int = Field(1, ge=1, le=26)
+    permutations: int = Field(1, ge=1, le=MAX_OPTIONS)
 
     api_key: str | None = Field(None, repr=False)
     strict: bool = False

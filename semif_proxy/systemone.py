@@ -1,6 +1,8 @@
-"""TypeSafe's System One contract (noul / choice / score) mapped onto the decision engine.
+"""The System One API (TypeSafe's noul / choice / score contract) mapped onto the decision
+engine: its request model, each question as a lettered decision (in the option orders the
+request asks for), and the engine's scored rows combined into answers and diagnostics.
 
-Pure request/answer logic: builds engine questions, turns scored options into answers.
+No HTTP here: the route parses the body, runs `answer` on the engine thread and renders it.
 """
 
 from __future__ import annotations
@@ -14,12 +16,16 @@ from typing import Annotated, Any, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from semif_proxy import readout
-from semif_proxy.errors import SchemaError
+from semif_proxy import readout, rotations
+from semif_proxy.engine import DecisionEngine, Question
+from semif_proxy.errors import InvalidRequest, SchemaError
+from semif_proxy.prompt import MAX_OPTIONS, PROMPT_VERSION, prompt_sha256
+from semif_proxy.rotations import Rotated
+from semif_proxy.schemas import check_count
+from semif_proxy.settings import Settings
 
 Content = str | dict[str, Any] | list[Any]
 ALIASES = ("jev-latest", "jev-preview")
-MAX_OPTIONS = 26
 DEFAULT_INSTRUCTIONS = {
     "noul": "Decide whether the instructions hold for the evidence.",
     "choice": "Choose the option that fits the evidence best.",
@@ -146,6 +152,7 @@ def served_model_id(model_path: Path, sha256: str) -> str:
 
 
 def models_listing(model_path: Path, sha256: str) -> dict[str, Any]:
+    """GET /v1/models: the served id and its aliases, for System One and OpenAI clients."""
     released = (
         datetime.fromtimestamp(model_path.stat().st_mtime, tz=timezone.utc).date().isoformat()
     )
@@ -160,5 +167,91 @@ def models_listing(model_path: Path, sha256: str) -> dict[str, Any]:
                 "release_date": released,
             }
             for n in names
-        ]
+        ],
+        # OpenAI clients read "data"; System One clients read "models".
+        "object": "list",
+        "data": [{"id": n, "object": "model", "owned_by": "semif-proxy"} for n in names],
     }
+
+
+# -- the service ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A validated System One request, its questions as lettered decisions, each in the option
+    orders it is asked in."""
+
+    request: SystemOneRequest
+    served: str
+    specs: list[Spec]
+    asked: list[Rotated]
+
+
+def _loc(field: str) -> list[str | int]:
+    return [p for p in field.replace("[", ".").replace("]", "").split(".") if p]
+
+
+def plan(body: Any, settings: Settings, sha256: str) -> Plan:
+    """Validate a request (422 in FastAPI's shape; 413 for too many questions) and build its
+    engine questions. Runs before the request queues for the engine."""
+    parsed = parse_request(body)
+    served = served_model_id(settings.model_path, sha256)
+    if parsed.model not in (served, *ALIASES):
+        raise schema_error(
+            ["model"], f"unknown model {parsed.model!r}; available: {[served, *ALIASES]}"
+        )
+    check_count(len(parsed.questions), "questions", settings.max_decisions)
+    specs = [build_spec(qid, q) for qid, q in parsed.questions.items()]
+    k = parsed.permutations or settings.permutations
+    asked = [
+        Rotated.of(
+            Question(
+                path=f"questions.{spec.qid}",
+                id=spec.qid,
+                state=parsed.state,
+                question=spec.instructions,
+                descriptions=spec.descriptions,
+                temperature=settings.temperature.for_type(spec.kind),
+            ),
+            k,
+        )
+        for spec in specs
+    ]
+    return Plan(parsed, served, specs, asked)
+
+
+def answer(engine: DecisionEngine, planned: Plan, strict: bool) -> dict[str, Any]:
+    """Every question on the one prefix, combined over its rotations into its answer; the
+    `semif` diagnostics block unless strict. Runs on the engine thread."""
+    try:
+        evaluation = engine.evaluate_checked(rotations.flatten(planned.asked))
+    except InvalidRequest as exc:
+        raise schema_error(_loc(exc.field or "body"), exc.message) from None
+    runs = rotations.regroup(planned.asked, evaluation.scored)
+    answers: dict[str, Any] = {}
+    diagnostics: dict[str, Any] = {}
+    for spec, rotated, scored in zip(planned.specs, planned.asked, runs):
+        orders = rotated.orders
+        probs, moved = rotations.combine([(o, s.probabilities) for o, s in zip(orders, scored)])
+        answers[spec.qid] = answer_for(spec, probs, planned.request.min_confidence)
+        diagnostics[spec.qid] = {
+            "option_logits": [[float(v) for v in s.option_logits] for s in scored],
+            "allowed_token_mass": [s.allowed_token_mass for s in scored],
+            "prompt_sha256": [prompt_sha256(s.prompt) for s in scored],
+            "rotations": orders,
+            "argmax_moved": moved,
+        }
+    response: dict[str, Any] = {
+        "model": planned.served,
+        "answers": answers,
+        "usage": {"input_tokens": evaluation.evaluated_tokens, "output_tokens": 0},
+    }
+    if not strict:
+        response["semif"] = {
+            "questions": diagnostics,
+            "timing": evaluation.timing,
+            "prompt_version": PROMPT_VERSION,
+            "model": engine.model_info,
+        }
+    return response

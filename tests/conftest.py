@@ -2,13 +2,13 @@ from __future__ import annotations
 
 import contextlib
 import os
-import socket
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from semif_proxy import native
+from semif_proxy.testing.server import ProxyProcess, free_port
 from tests.helpers.tiny_model import write_tiny_model
 
 DEFAULT_MODEL = (
@@ -17,12 +17,6 @@ DEFAULT_MODEL = (
     / "SmolLM2-135M-Instruct.Q4_1.gguf"
 )
 GPU_LAYERS = int(os.environ.get("SEMIF_TEST_GPU_LAYERS", "0"))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture(scope="session")
@@ -110,8 +104,6 @@ def llama_server_url(model_path: Path) -> Iterator[str]:
 @pytest.fixture(scope="session")
 def proxy(model_path: Path, tmp_path_factory: pytest.TempPathFactory):
     """One real semif-proxy (with its real llama-server) for the whole session."""
-    from tests.helpers.server import ProxyProcess
-
     log_path = tmp_path_factory.mktemp("logs") / "proxy.log"
     server = ProxyProcess(model_path, {"SEMIF_MAX_DECISIONS": "24"}, log_path=log_path).start()
     server.log_path = log_path
@@ -139,3 +131,11 @@ def decision_engine(model_path: Path):
     engine = DecisionEngine.load(engine_settings(model_path))
     yield engine
     engine.close()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The GPU check's adjustments (tests/helpers/gpu_run.py): SmolLM2-only tests skipped on a
+    generated model, CPU-speed premises xfail with offload. Nothing without its variables."""
+    from tests.helpers import gpu_run
+
+    gpu_run.adjust(items)

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from semif_proxy.auth import is_public, normalise_path
-from tests.helpers.server import ProxyProcess
+from semif_proxy.testing.server import ProxyProcess
 
 KEY = "s3cr3t-xyz"
 UPSTREAM_KEY = "upstream-k3y"

@@ -32,8 +32,8 @@ from pathlib import Path
 
 import pytest
 
+from semif_proxy.testing.server import ProxyProcess
 from tests.helpers.image import DOCKERFILES, IMAGE_VENV, ROOT, build_context, parse
-from tests.helpers.server import ProxyProcess
 
 CACHE = Path(os.environ.get("SEMIF_CACHE_DIR", Path.home() / ".cache" / "semif-proxy"))
 LLAMA = CACHE / "llama.cpp-b11312"

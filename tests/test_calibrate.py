@@ -50,19 +50,51 @@ def test_golden_section_finds_a_convex_minimum() -> None:
     assert calibrate.golden_min(lambda x: (x - 3.7) ** 2, 0.0, 10.0) == pytest.approx(3.7, abs=1e-4)
 
 
-def test_cli_writes_a_file_that_settings_accept(tmp_path: Path, model_path: Path) -> None:
-    pred = write(tmp_path / "p.jsonl", synthetic("score", 1.8, 1500, 4, 3))
+def reference_nll(rows: list[dict], temperature: float) -> float:
+    """Mean negative log-likelihood of the labels, written out here (not calibrate.nll)."""
+    total = 0.0
+    for r in rows:
+        z = np.asarray(r["option_logits"]) / temperature
+        total += np.logaddexp.reduce(z) - z[r["label"]]
+    return total / len(rows)
+
+
+def test_cli_fit_recovers_the_temperature_and_lowers_the_nll(
+    tmp_path: Path, model_path: Path
+) -> None:
+    rows = synthetic("score", 1.8, 1500, 4, 3)
+    pred = write(tmp_path / "p.jsonl", rows)
     out = tmp_path / "temperature.json"
     assert main(["calibrate", "--predictions", str(pred), "--output", str(out)]) == 0
     report = json.loads(out.read_text())
     fitted = report["temperature"]["score"]
+    assert fitted == pytest.approx(1.8, rel=0.1)  # the temperature the labels were drawn at
+    # The fit is the NLL's minimum: lower than at T = 1 and than a step either side of it.
+    assert reference_nll(rows, fitted) < reference_nll(rows, 1.0)
+    assert reference_nll(rows, fitted) < reference_nll(rows, fitted * 0.9)
+    assert reference_nll(rows, fitted) < reference_nll(rows, fitted * 1.1)
+    r = report["types"]["score"]
+    assert r["nll_after"] == pytest.approx(reference_nll(rows, fitted), rel=1e-5)
+    assert r["nll_before"] == pytest.approx(reference_nll(rows, 1.0), rel=1e-9)
+    # The written file is what SEMIF_TEMPERATURE reads.
     settings = load_settings({"SEMIF_TEMPERATURE": str(out)}, model=str(model_path))
     assert settings.temperature.for_type("score") == pytest.approx(fitted)
     assert settings.temperature.for_type("choice") == 1.0
-    # Temperature scaling keeps every argmax.
-    for row in map(json.loads, pred.read_text().splitlines()[:200]):
-        logits = np.asarray(row["option_logits"])
-        assert np.argmax(logits / fitted) == np.argmax(logits)
+
+
+def test_ece_on_a_hand_computed_example() -> None:
+    """10 equal-width bins on [0, 1], each [b/10, (b+1)/10), the last one closed ([0.9, 1.0]).
+    Bin 0: 0.05 (wrong): |0 - 0.05| = 0.05. Bin 4: 0.45 (right): |1 - 0.45| = 0.55. Bin 5:
+    0.5 (right) and 0.55 (wrong): |0.5 - 0.525| = 0.025. Bin 9: 0.95 and 1.0 (both right):
+    |1 - 0.975| = 0.025. Weighted by share: (0.05 + 0.55 + 2 x 0.025 + 2 x 0.025) / 6."""
+    confidences = [0.05, 0.45, 0.5, 0.55, 0.95, 1.0]
+    correct = [False, True, True, False, True, True]
+    assert calibrate.ece(confidences, correct) == pytest.approx(0.7 / 6, abs=1e-12)
+    # Had 0.5 gone to bin 4 with 0.45 (a (lo, hi] rule), that bin's gap would be |1 - 0.475|
+    # and the result (0.05 + 2 x 0.525 + 0.55 + 2 x 0.025) / 6 instead.
+    assert calibrate.ece(confidences, correct) != pytest.approx(1.7 / 6)
+    assert calibrate.ece([1.0], [True]) == 0.0  # 1.0 is binned (last bin), not dropped
+    assert calibrate.ece([], []) == 0.0
 
 
 def test_expected_with_option_ids_and_bad_rows(tmp_path: Path) -> None:

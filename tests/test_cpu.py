@@ -4,6 +4,7 @@ plan per design, and the gate's order of turns (pure, no model)."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -71,20 +72,38 @@ def test_explicit_engine_threads_win() -> None:
     assert plan_threads("split", 3, 0, True, True, (), cores=8).llama_server == 5
 
 
-async def _order(gate: CpuGate, script: list[tuple[str, str, float]]) -> list[str]:
-    """Start each (name, kind, hold seconds) a moment apart; return the order they got in."""
-    got: list[str] = []
+async def settle(condition: Callable[[], bool], what: str) -> None:
+    """Yield to the event loop until condition() holds: no wall-clock sleeps, so the order of
+    events is the gate's doing, not the scheduler's. Fails after 10,000 turns."""
+    for _ in range(10_000):
+        if condition():
+            return
+        await asyncio.sleep(0)
+    raise AssertionError(f"never happened: {what}")
 
-    async def job(name: str, kind: str, hold: float) -> None:
+
+async def _order(gate: CpuGate, script: list[tuple[str, str]]) -> list[str]:
+    """The first (name, kind) takes the gate and holds it; each next one starts only once the
+    one before it waits in the queue. Then the first leaves; every later one leaves as soon as
+    it is in. Returns the order they got in."""
+    got: list[str] = []
+    release_first = asyncio.Event()
+
+    async def job(name: str, kind: str, first: bool) -> None:
         ctx = gate.exclusive() if kind == "x" else gate.shared()
         async with ctx:
             got.append(name)
-            await asyncio.sleep(hold)
+            if first:
+                await release_first.wait()
 
     tasks = []
-    for name, kind, hold in script:
-        tasks.append(asyncio.create_task(job(name, kind, hold)))
-        await asyncio.sleep(0.01)
+    for i, (name, kind) in enumerate(script):
+        tasks.append(asyncio.create_task(job(name, kind, first=i == 0)))
+        if i == 0:
+            await settle(lambda: got == [script[0][0]], f"{name} holds the gate")
+        else:
+            await settle(lambda i=i: gate.waiting == i, f"{name} waits")
+    release_first.set()
     await asyncio.gather(*tasks)
     return got
 
@@ -95,11 +114,11 @@ def test_gate_alternates_and_nobody_starves() -> None:
         _order(
             gate,
             [
-                ("d1", "x", 0.1),  # running
-                ("d2", "x", 0.05),  # waits
-                ("d3", "x", 0.05),  # waits
-                ("c1", "s", 0.05),  # arrives behind two decisions: goes right after d1
-                ("c2", "s", 0.05),
+                ("d1", "x"),  # running
+                ("d2", "x"),  # waits
+                ("d3", "x"),  # waits
+                ("c1", "s"),  # arrives behind two decisions: goes right after d1
+                ("c2", "s"),
             ],
         )
     )
@@ -111,26 +130,27 @@ def test_chats_share_and_a_waiting_decision_holds_new_chats_back() -> None:
 
     async def scenario() -> list[str]:
         got: list[str] = []
+        chats_done = asyncio.Event()
 
-        async def chat(name: str, hold: float) -> None:
+        async def chat(name: str, hold: bool) -> None:
             async with gate.shared():
                 got.append(name)
-                await asyncio.sleep(hold)
+                if hold:
+                    await chats_done.wait()
 
         async def decision(name: str) -> None:
             async with gate.exclusive():
                 assert gate.shared_holders == 0
                 got.append(name)
-                await asyncio.sleep(0.02)
 
-        a = asyncio.create_task(chat("c1", 0.1))
-        await asyncio.sleep(0.01)
-        b = asyncio.create_task(chat("c2", 0.1))  # shares with c1
-        await asyncio.sleep(0.01)
-        assert gate.shared_holders == 2
+        a = asyncio.create_task(chat("c1", True))
+        b = asyncio.create_task(chat("c2", True))  # shares with c1
+        await settle(lambda: gate.shared_holders == 2, "c1 and c2 share the gate")
         d = asyncio.create_task(decision("d1"))
-        await asyncio.sleep(0.01)
-        c = asyncio.create_task(chat("c3", 0.01))  # must not overtake the waiting decision
+        await settle(lambda: gate.waiting == 1, "d1 waits for the chats")
+        c = asyncio.create_task(chat("c3", False))  # must not overtake the waiting decision
+        await settle(lambda: gate.waiting == 2, "c3 waits behind d1")
+        chats_done.set()
         await asyncio.gather(a, b, c, d)
         return got
 
@@ -146,7 +166,7 @@ def test_a_waiter_that_gives_up_frees_its_place() -> None:
                 async with gate.exclusive(timeout=0.05):
                     raise AssertionError("must not get in")
             waiter = asyncio.create_task(gate.exclusive().__aenter__())
-            await asyncio.sleep(0.01)
+            await settle(lambda: gate.waiting == 1, "the waiter queues")
             waiter.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await waiter

@@ -13,10 +13,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from semif_proxy.decisions import decide
 from semif_proxy.engine import DecisionEngine
+from semif_proxy.examples import ROUTING_OPTIONS as OPTIONS
+from semif_proxy.examples import ROUTING_STATE as STATE
 from semif_proxy.prompt import render_decision
 from tests.conftest import GPU_LAYERS, engine_settings, running_llama_server
-from tests.test_engine import OPTIONS, STATE, decision
+from tests.test_engine import decision
 
 
 def test_decide_command_prints_the_response(model_path: Path, tmp_path: Path) -> None:
@@ -87,7 +90,7 @@ def test_rendered_prompt_matches_llama_server(
     logits, lse, _ = decision_engine.core.score(tokens, [[]], ids)
     np.testing.assert_allclose(logits[0] - lse[0], [t["logprob"] for t in top], atol=2e-3)
     # And the decision itself (prefix + branch, as served) reports the same letter distribution.
-    [result], _ = decision_engine.decide([d], ["decision"])
+    [result], _ = decide(decision_engine, [d], ["decision"])
     theirs = {t["token"]: t["logprob"] for t in top}
     letters = np.array([theirs[letter] for letter in "ABC"])
     np.testing.assert_allclose(
@@ -112,7 +115,7 @@ def test_qwen_decisions_equal_llama_server_in_every_option_order(
     with running_llama_server(qwen_path) as url:
         for order in itertools.permutations(OPTIONS):
             d = decision(options=list(order))
-            [result], _ = qwen_engine.decide([d.model_copy(update={"return_prompt": True})], ["d"])
+            [result], _ = decide(qwen_engine, [d.model_copy(update={"return_prompt": True})], ["d"])
             top = server_top_logprobs(url, result["prompt"])["completion_probabilities"][0]
             theirs = {t["token"]: t["logprob"] for t in top["top_logprobs"]}
             letters = np.array([theirs[letter] for letter in "ABC"])
@@ -129,11 +132,13 @@ def test_qwen_questions_in_one_request_equal_single_requests(qwen_engine: Decisi
     for words in (1, 4, 7):
         state = "Customer email: " + " ".join(["reset"] * words) + " link never arrives."
         d = decision(state=state).model_copy(update={"permutations": 3})
-        [mixed], _ = qwen_engine.decide([d], ["decision"])
+        [mixed], _ = decide(qwen_engine, [d], ["decision"])
         for shift, row in enumerate(mixed["rotations"]["option_logits"]):
             qwen_engine.core.reset()
-            [one], _ = qwen_engine.decide(
-                [decision(state=state, options=OPTIONS[shift:] + OPTIONS[:shift])], ["decision"]
+            [one], _ = decide(
+                qwen_engine,
+                [decision(state=state, options=OPTIONS[shift:] + OPTIONS[:shift])],
+                ["decision"],
             )
             by_id = dict(zip(one["option_ids"], one["option_logits"]))
             tol = 0 if GPU_LAYERS == 0 else 1e-3
@@ -150,7 +155,7 @@ def test_qwen_questions_in_one_request_equal_single_requests(qwen_engine: Decisi
     strict=True,
 )
 def test_qwen_routes_password_reset_to_account_access(qwen_engine: DecisionEngine) -> None:
-    [result], _ = qwen_engine.decide([decision()], ["decision"])
+    [result], _ = decide(qwen_engine, [decision()], ["decision"])
     best = result["option_ids"][int(np.argmax(result["probabilities"]))]
     assert best == "account_access" and max(result["probabilities"]) > 0.5
 
@@ -163,8 +168,8 @@ def test_qwen_routes_password_reset_when_the_option_order_is_averaged(
     preference cancels and the evidence decides: account_access gets the most mass. Measured
     margin is small (0.342 vs 0.335 billing, 0.323 shipping): the content signal of this 0.5B
     model is weak, its position preference strong (bench `order` suite)."""
-    [result], _ = qwen_engine.decide(
-        [decision().model_copy(update={"permutations": 3})], ["decision"]
+    [result], _ = decide(
+        qwen_engine, [decision().model_copy(update={"permutations": 3})], ["decision"]
     )
     probs = dict(zip(result["option_ids"], result["probabilities"]))
     assert max(probs, key=probs.get) == "account_access"

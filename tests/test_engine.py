@@ -1,26 +1,26 @@
-"""The decision service on the real SmolLM2 model (and tiny models for the edge cases)."""
+"""The decisions service and the engine worker on the real SmolLM2 model (and tiny models for
+the edge cases)."""
 
 from __future__ import annotations
 
+import asyncio
+import json
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from semif_proxy import engine as worker
+from semif_proxy.decisions import decide
 from semif_proxy.engine import DecisionEngine
 from semif_proxy.errors import InvalidRequest, PayloadTooLarge, Unavailable
+from semif_proxy.examples import ROUTING_OPTIONS as OPTIONS
+from semif_proxy.examples import ROUTING_STATE as STATE
+from semif_proxy.prompt import LETTERS, SYSTEM_TEXT
 from semif_proxy.schemas import Decision, Option
 from tests.conftest import GPU_LAYERS, engine_settings
 
-STATE = (
-    "Customer email: I requested a password reset three times but the email never "
-    "arrives. I cannot log in to my account."
-)
-OPTIONS = [
-    ("billing", "Billing, invoices, refunds and payment problems"),
-    ("account_access", "Login, password reset and account access problems"),
-    ("shipping", "Delivery, tracking and shipping problems"),
-]
+TOL = 0 if GPU_LAYERS == 0 else 1e-3  # GPU kernels are not bit-exact
 
 
 def decision(
@@ -33,29 +33,61 @@ def decision(
     return Decision(id=id_, state=state, question=question, options=opts)
 
 
+def one_piece_log_softmax(engine: DecisionEngine, prompt: str) -> np.ndarray:
+    """The reference: the whole prompt evaluated in one piece, every vocabulary logit read out,
+    and the next-token log-probabilities computed here in numpy (nothing of the readout)."""
+    tokens = engine.tokenize_prompt(prompt)
+    engine.core.reset()
+    logits, _, _ = engine.core.score(tokens, [[]], list(range(engine.core.n_vocab)))
+    row = logits[0].astype(np.float64)
+    top = row.max()
+    return row - (top + np.log(np.exp(row - top).sum()))
+
+
+def letter_logprobs(engine: DecisionEngine, prompt: str, n: int) -> np.ndarray:
+    """log P(letter) for the first n answer letters, from the reference above."""
+    logprobs = one_piece_log_softmax(engine, prompt)
+    ids = [engine.core.tokenize(letter, False, False)[0] for letter in LETTERS[:n]]
+    return logprobs[ids]
+
+
 def test_probabilities_are_a_distribution_in_request_order(decision_engine: DecisionEngine) -> None:
-    [result], _ = decision_engine.decide([decision()], ["decision"])
+    d = decision().model_copy(update={"return_prompt": True})
+    [result], _ = decide(decision_engine, [d], ["decision"])
     assert result["option_ids"] == [o[0] for o in OPTIONS]
-    assert len(result["probabilities"]) == len(result["option_logits"]) == 3
-    assert sum(result["probabilities"]) == pytest.approx(1.0, abs=1e-9)
-    assert 0.0 < result["allowed_token_mass"] <= 1.0
     assert result["model"]["sha256"].startswith("b179c952")
     assert result["prompt_version"] == "semif-letter-v1"
-    logits = np.array(result["option_logits"])
-    expected = np.exp(logits - logits.max()) / np.exp(logits - logits.max()).sum()
-    np.testing.assert_allclose(result["probabilities"], expected, rtol=1e-9)
+    # Against the model's own next-token distribution over the whole vocabulary: each option's
+    # probability is its letter's share of the letters' mass, and the allowed mass is the
+    # letters' share of everything.
+    reference = np.exp(letter_logprobs(decision_engine, result["prompt"], 3))
+    np.testing.assert_allclose(
+        result["probabilities"], reference / reference.sum(), rtol=1e-9 + TOL, atol=TOL
+    )
+    assert result["allowed_token_mass"] == pytest.approx(reference.sum(), rel=1e-9 + TOL)
+    assert sum(result["probabilities"]) == pytest.approx(1.0, abs=1e-12)
 
 
 def test_reordering_options_moves_ids_with_their_letters(decision_engine: DecisionEngine) -> None:
-    [a], _ = decision_engine.decide([decision()], ["decision"])
+    [a], _ = decide(decision_engine, [decision()], ["decision"])
     reordered = [OPTIONS[2], OPTIONS[0], OPTIONS[1]]
-    [b], _ = decision_engine.decide([decision(options=reordered)], ["decision"])
+    d = decision(options=reordered).model_copy(update={"return_prompt": True})
+    [b], _ = decide(decision_engine, [d], ["decision"])
     assert b["option_ids"] == ["shipping", "billing", "account_access"]
-    # Letters keep their positions, so the letter logits are read in the new order, and the
-    # descriptions moved: the answer can change, but each id reports the letter it was given.
-    assert len(set(b["option_ids"])) == 3 and sum(b["probabilities"]) == pytest.approx(1.0)
+    # The option at request position j is shown to the model as letter j, with its own
+    # description: the letters stay in place and the descriptions move with their ids.
+    shown = json.loads(b["prompt"][b["prompt"].index('{"evidence"') :].split("<|im_end|>")[0])
+    assert shown["options"] == [
+        {"letter": LETTERS[j], "description": desc} for j, (_, desc) in enumerate(reordered)
+    ]
+    # And each id gets the probability of the letter it was shown as, in the model's own
+    # distribution for that reordered prompt (evaluated separately, in one piece).
+    reference = np.exp(letter_logprobs(decision_engine, b["prompt"], 3))
+    np.testing.assert_allclose(
+        b["probabilities"], reference / reference.sum(), rtol=1e-9 + TOL, atol=TOL
+    )
     renamed = [(f"x{i}", d) for i, (_, d) in enumerate(OPTIONS)]
-    [c], _ = decision_engine.decide([decision(options=renamed)], ["decision"])
+    [c], _ = decide(decision_engine, [decision(options=renamed)], ["decision"])
     # Ids never reach the prompt: renaming them changes nothing else.
     assert c["probabilities"] == a["probabilities"] and c["prompt_sha256"] == a["prompt_sha256"]
 
@@ -67,12 +99,12 @@ def test_shared_request_equals_single_requests(decision_engine: DecisionEngine) 
             ["Which queue should handle it?", "Which team owns this?", "Where to route this?"]
         )
     ]
-    shared, timing = decision_engine.decide(questions, [f"decisions[{i}]" for i in range(3)])
+    shared, timing = decide(decision_engine, questions, [f"decisions[{i}]" for i in range(3)])
     assert timing["mode"] == "shared_prefix" and timing["prefix_proven"]
     assert timing["prefix_tokens"] > 20 and timing["suffix_tokens"] > 0
     for i, q in enumerate(questions):
         decision_engine.core.reset()
-        [single], _ = decision_engine.decide([q], ["decision"])
+        [single], _ = decide(decision_engine, [q], ["decision"])
         # Bit-identical: branches are cell-aligned and flash attention is off (see engine.cpp).
         assert shared[i]["option_logits"] == single["option_logits"]
         assert shared[i]["prompt_sha256"] == single["prompt_sha256"]
@@ -84,15 +116,15 @@ def rotated(options: list[tuple[str, str]], shift: int) -> list[tuple[str, str]]
 
 
 def test_permutations_are_the_mean_of_the_rotated_orders(decision_engine: DecisionEngine) -> None:
-    [mixed], _ = decision_engine.decide(
-        [decision().model_copy(update={"permutations": 3})], ["decision"]
+    [mixed], _ = decide(
+        decision_engine, [decision().model_copy(update={"permutations": 3})], ["decision"]
     )
     assert mixed["rotations"]["orders"] == [[0, 1, 2], [1, 2, 0], [2, 0, 1]]
     assert mixed["readout"] == "letter-logits, mean of 3 rotations"
     ids = [i for i, _ in OPTIONS]
     probs, logits, tokens = np.zeros(3), np.zeros(3), 0
     for shift in range(3):
-        [alone], _ = decision_engine.decide([decision(options=rotated(OPTIONS, shift))], ["d"])
+        [alone], _ = decide(decision_engine, [decision(options=rotated(OPTIONS, shift))], ["d"])
         by_id = dict(zip(alone["option_ids"], zip(alone["probabilities"], alone["option_logits"])))
         probs += [by_id[i][0] / 3 for i in ids]
         logits += [by_id[i][1] / 3 for i in ids]
@@ -102,7 +134,7 @@ def test_permutations_are_the_mean_of_the_rotated_orders(decision_engine: Decisi
     np.testing.assert_allclose(mixed["option_logits"], logits, rtol=0, atol=1e-12)
     assert mixed["input_tokens"] == tokens and sum(mixed["probabilities"]) == pytest.approx(1.0)
     # The prompt (and its hash) stay those of the request's own order.
-    [own], _ = decision_engine.decide([decision()], ["decision"])
+    [own], _ = decide(decision_engine, [decision()], ["decision"])
     assert mixed["prompt_sha256"] == own["prompt_sha256"] and "rotations" not in own
 
 
@@ -112,7 +144,7 @@ def test_all_rotations_make_the_answer_independent_of_a_rotated_order(
     answers = []
     for shift in range(3):
         d = decision(options=rotated(OPTIONS, shift)).model_copy(update={"permutations": 26})
-        [r], _ = decision_engine.decide([d], ["decision"])
+        [r], _ = decide(decision_engine, [d], ["decision"])
         assert len(r["rotations"]["orders"]) == 3  # more rotations than options: all of them
         answers.append(dict(zip(r["option_ids"], r["probabilities"])))
     for other in answers[1:]:
@@ -125,7 +157,7 @@ def test_rotated_requests_report_errors_at_the_request_index(
 ) -> None:
     d = decision(options=[("a", "x"), ("b", "y<|im_start|>"), ("c", "z")])
     with pytest.raises(InvalidRequest) as err:
-        decision_engine.decide([d.model_copy(update={"permutations": 3})], ["decision"])
+        decide(decision_engine, [d.model_copy(update={"permutations": 3})], ["decision"])
     assert err.value.field == "decision.options[1].description"
 
 
@@ -140,7 +172,7 @@ def test_decisions_get_the_bits_of_a_one_piece_evaluation(
         decision(f"q{i}", state=state, question=q).model_copy(update={"return_prompt": True})
         for i, q in enumerate(["Which queue should handle it?", "Who owns this?"])
     ]
-    results, timing = decision_engine.decide(questions, ["decisions[0]", "decisions[1]"])
+    results, timing = decide(decision_engine, questions, ["decisions[0]", "decisions[1]"])
     assert timing["mode"] == "shared_prefix"
     assert timing["prefix_tokens"] % decision_engine.core.cell_align == 0
     for r in results:
@@ -162,7 +194,7 @@ def test_json_state_renders_as_json(decision_engine: DecisionEngine) -> None:
         return_prompt=True,
         options=[Option(id=i, description=t) for i, t in OPTIONS],
     )
-    [result], _ = decision_engine.decide([d], ["decision"])
+    [result], _ = decide(decision_engine, [d], ["decision"])
     assert (
         '"evidence": {"customer": "Ana", "messages": ["reset email missing"], "plan": "pro"}'
         in result["prompt"]
@@ -186,7 +218,7 @@ def test_json_state_renders_as_json(decision_engine: DecisionEngine) -> None:
 )
 def test_special_token_injection_is_rejected(decision_engine: DecisionEngine, where, build) -> None:
     with pytest.raises(InvalidRequest) as err:
-        decision_engine.decide([build()], ["decision"])
+        decide(decision_engine, [build()], ["decision"])
     assert err.value.field is not None and err.value.field.startswith(where.split("[")[0])
     assert "special token" in err.value.message
 
@@ -197,16 +229,16 @@ def test_prompt_token_limits(model_path: Path) -> None:
     )
     try:
         with pytest.raises(PayloadTooLarge) as err:
-            engine.decide([decision(state="word " * 200)], ["decision"])
+            decide(engine, [decision(state="word " * 200)], ["decision"])
         assert err.value.extra["limit"] == 180 and err.value.extra["tokens"] > 180
         small = [decision(f"q{i}", state="short", question=f"Question {i}?") for i in range(3)]
         with pytest.raises(PayloadTooLarge) as err:
-            engine.decide(small, [f"decisions[{i}]" for i in range(3)])
+            decide(engine, small, [f"decisions[{i}]" for i in range(3)])
         assert err.value.extra["limit"] == 200
         # Every rotation is a suffix to evaluate: they count against the request's budget.
-        engine.decide([small[0]], ["decision"])
+        decide(engine, [small[0]], ["decision"])
         with pytest.raises(PayloadTooLarge) as err:
-            engine.decide([small[0].model_copy(update={"permutations": 3})], ["decision"])
+            decide(engine, [small[0].model_copy(update={"permutations": 3})], ["decision"])
         assert err.value.extra["limit"] == 200 and err.value.extra["tokens"] > 200
     finally:
         engine.close()
@@ -215,9 +247,9 @@ def test_prompt_token_limits(model_path: Path) -> None:
 def test_server_default_permutations_apply_to_decisions(model_path: Path) -> None:
     engine = DecisionEngine.load(engine_settings(model_path, permutations=2))
     try:
-        [default], _ = engine.decide([decision()], ["decision"])
+        [default], _ = decide(engine, [decision()], ["decision"])
         assert default["rotations"]["orders"] == [[0, 1, 2], [1, 2, 0]]
-        [own], _ = engine.decide([decision().model_copy(update={"permutations": 1})], ["d"])
+        [own], _ = decide(engine, [decision().model_copy(update={"permutations": 1})], ["d"])
         assert "rotations" not in own and own["readout"] == "letter-logits"
     finally:
         engine.close()
@@ -230,16 +262,16 @@ def test_prefix_cache_hit_gives_identical_results(model_path: Path) -> None:
     on = DecisionEngine.load(engine_settings(model_path, prefix_cache_mb=64))
     off = DecisionEngine.load(engine_settings(model_path, prefix_cache_mb=0))
     try:
-        _, t1 = on.decide([decision("a", state=long_state)], ["decision"])
-        on.decide([decision("b", state="something else entirely")], ["decision"])
-        second, t2 = on.decide(
-            [decision("c", state=long_state, question="Who owns it?")], ["decision"]
+        _, t1 = decide(on, [decision("a", state=long_state)], ["decision"])
+        decide(on, [decision("b", state="something else entirely")], ["decision"])
+        second, t2 = decide(
+            on, [decision("c", state=long_state, question="Who owns it?")], ["decision"]
         )
         assert not t1["prefix_cache_hit"] and t2["prefix_cache_hit"]
         assert on.cache.stats.hits == 1 and on.cache.stats.stores >= 1
         assert t2["prefix_reused_tokens"] == t2["prefix_tokens"]
-        ref, t3 = off.decide(
-            [decision("c", state=long_state, question="Who owns it?")], ["decision"]
+        ref, t3 = decide(
+            off, [decision("c", state=long_state, question="Who owns it?")], ["decision"]
         )
         assert not t3["prefix_cache_hit"] and len(off.cache) == 0
         assert second[0]["option_logits"] == ref[0]["option_logits"]  # identical, bit for bit
@@ -253,7 +285,7 @@ def test_letter_check_failure_refuses_decisions(tiny_merging_model: Path) -> Non
     try:
         assert engine.unavailable_reason and "does not tokenize" in engine.unavailable_reason
         with pytest.raises(Unavailable, match="disabled for this model"):
-            engine.decide([decision()], ["decision"])
+            decide(engine, [decision()], ["decision"])
     finally:
         engine.close()
 
@@ -267,7 +299,7 @@ def test_tiny_model_prefix_is_proven(tiny_model: Path) -> None:
             decision("a", state="short state"),
             decision("b", state="short state", question="Q2?"),
         ]
-        results, timing = engine.decide(qs, ["decisions[0]", "decisions[1]"])
+        results, timing = decide(engine, qs, ["decisions[0]", "decisions[1]"])
         assert timing["mode"] == "shared_prefix" and timing["prefix_proven"] is True
         assert timing["prefix_boundary_tokens"] == 0
         assert all(sum(r["probabilities"]) == pytest.approx(1.0) for r in results)
@@ -282,9 +314,9 @@ def test_boundary_merge_moves_the_split_back(tiny_boundary_model: Path) -> None:
             decision("a", state="short state"),
             decision("b", state="short state", question="Q2?"),
         ]
-        results, timing = engine.decide(qs, ["decisions[0]", "decisions[1]"])
+        results, timing = decide(engine, qs, ["decisions[0]", "decisions[1]"])
         assert timing["mode"] == "shared_prefix" and timing["prefix_boundary_tokens"] == 1
-        [alone], _ = engine.decide([qs[1]], ["decision"])
+        [alone], _ = decide(engine, [qs[1]], ["decision"])
         np.testing.assert_allclose(results[1]["option_logits"], alone["option_logits"], atol=1e-4)
     finally:
         engine.close()
@@ -298,23 +330,128 @@ def test_unproven_split_falls_back_to_full_evaluation(tiny_boundary_model: Path)
             decision("a", state="short state"),
             decision("b", state="short state", question="Q2?"),
         ]
-        results, timing = engine.decide(qs, ["decisions[0]", "decisions[1]"])
+        results, timing = decide(engine, qs, ["decisions[0]", "decisions[1]"])
         assert timing["mode"] == "full_evaluation" and timing["prefix_proven"] is False
         # The fallback scores each whole prompt: same numbers as asking one at a time.
-        [alone], _ = engine.decide([qs[1]], ["decision"])
+        [alone], _ = decide(engine, [qs[1]], ["decision"])
         np.testing.assert_allclose(results[1]["option_logits"], alone["option_logits"], atol=1e-4)
     finally:
         engine.close()
 
 
 def test_model_without_template_uses_chatml(tmp_path: Path) -> None:
-    from tests.helpers.tiny_model import write_tiny_model
+    from tests.helpers.tiny_model import SPECIALS, write_tiny_model
 
     path = write_tiny_model(tmp_path / "notemplate.gguf", chat_template=None)
     engine = DecisionEngine.load(engine_settings(path, n_ctx=1024))
     try:
         assert engine.template.is_fallback
-        [result], _ = engine.decide([decision()], ["decision"])
-        assert sum(result["probabilities"]) == pytest.approx(1.0)
+        d = decision().model_copy(update={"return_prompt": True})
+        [result], _ = decide(engine, [d], ["decision"])
+        user = json.dumps(
+            {
+                "evidence": STATE,
+                "criterion": d.question,
+                "options": [
+                    {"letter": LETTERS[i], "description": t} for i, (_, t) in enumerate(OPTIONS)
+                ],
+            },
+            ensure_ascii=False,
+        )
+        turns = [("system", SYSTEM_TEXT), ("user", user)]
+        expected = "".join(f"<|im_start|>{r}\n{c}<|im_end|>\n" for r, c in turns)
+        expected += "<|im_start|>assistant\n"
+        assert result["prompt"] == expected
+        # The tiny model's vocabulary: token b is byte b, 256 is "ab" (its one merge), then the
+        # specials. ChatML markers must be single special tokens, the rest plain bytes.
+        start, end = (
+            256 + 1 + SPECIALS.index("<|im_start|>"),
+            256 + 1 + SPECIALS.index("<|im_end|>"),
+        )
+
+        def plain(text: str) -> list[int]:
+            out: list[int] = []
+            for byte in text.encode():
+                if byte == ord("b") and out and out[-1] == ord("a"):
+                    out[-1] = 256
+                else:
+                    out.append(byte)
+            return out
+
+        tokens = []
+        for role, content in turns:
+            tokens += [start, *plain(f"{role}\n{content}"), end, *plain("\n")]
+        tokens += [start, *plain("assistant\n")]
+        assert engine.tokenize_prompt(result["prompt"]) == tokens
+        assert result["input_tokens"] == len(tokens)
     finally:
         engine.close()
+
+
+def test_exactness_self_check_passes_on_this_libllama(decision_engine: DecisionEngine) -> None:
+    check = decision_engine.exactness
+    assert check is not None and check.passed and decision_engine.unavailable_reason is None
+    assert check.max_abs_difference <= check.tolerance == TOL
+    assert check.prefix_tokens > 0 and check.prefix_tokens % decision_engine.core.cell_align == 0
+    assert len(check.suffix_tokens) == 2
+
+
+def test_a_failed_exactness_self_check_refuses_decisions(
+    tiny_model: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A split that does not land on an aligned cell is what a libllama that places KV cells
+    differently looks like: the self-check sees the split and the one-piece numbers differ,
+    and the engine refuses decisions instead of serving numbers that depend on batching."""
+    real = worker.aligned_length
+    monkeypatch.setattr(worker, "aligned_length", lambda n, align: real(n, align) - 3)
+    engine = DecisionEngine.load(engine_settings(tiny_model, n_ctx=2048))
+    try:
+        check = engine.exactness
+        assert check is not None and not check.passed
+        assert check.max_abs_difference > check.tolerance
+        reason = engine.unavailable_reason
+        assert reason is not None and reason.startswith(
+            "decisions are disabled: the exactness self-check failed on this libllama: "
+        )
+        with pytest.raises(Unavailable, match="exactness self-check failed"):
+            decide(engine, [decision()], ["decision"])
+    finally:
+        engine.close()
+
+
+# In-process, aiohttp's warning about the middleware's plain string request keys (request id,
+# deadline, tokens) would turn into a 500 under this suite's warnings-as-errors.
+@pytest.mark.filterwarnings("ignore::aiohttp.web_exceptions.NotAppKeyWarning")
+def test_a_failed_self_check_keeps_ping_503_and_shows_in_health(
+    tiny_model: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The refusal as a client sees it: the app loads the engine, the self-check fails, and
+    /ping, /health and a decision all say so."""
+    from aiohttp.test_utils import TestClient, TestServer
+
+    from semif_proxy.app import create_app
+
+    real = worker.aligned_length
+    monkeypatch.setattr(worker, "aligned_length", lambda n, align: real(n, align) - 3)
+    settings = engine_settings(tiny_model, n_ctx=2048)
+
+    async def scenario() -> None:
+        async with TestClient(TestServer(create_app(settings))) as client:
+            for _ in range(6000):  # the engine loads in the background (up to 10 minutes)
+                ping = await (await client.get("/ping")).json()
+                if ping["engine"]["state"] != "loading":
+                    break
+                await asyncio.sleep(0.1)
+            reply = await client.get("/ping")
+            ping = await reply.json()
+            assert reply.status == 503 and ping["engine"]["state"] == "refusing"
+            assert "the exactness self-check failed on this libllama" in ping["engine"]["reason"]
+            health = await (await client.get("/health")).json()
+            assert health["exactness_check"]["passed"] is False
+            assert health["exactness_check"]["max_abs_difference"] > 0
+            reply = await client.post("/v1/decisions", json={"decision": decision().model_dump()})
+            error = (await reply.json())["error"]
+            assert reply.status == 503 and error["type"] == "unavailable"
+            assert error["message"] == ping["engine"]["reason"]
+
+    asyncio.run(scenario())

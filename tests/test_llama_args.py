@@ -17,7 +17,7 @@ from semif_proxy import native
 from semif_proxy.llama_args import LlamaArgsError, env_to_args
 from semif_proxy.llama_flags import FlagTable, parse_help, read_flags
 from semif_proxy.settings import SettingsError, load_settings
-from tests.helpers.server import ProxyProcess, free_port
+from semif_proxy.testing.server import ProxyProcess, free_port
 
 # The shape of an older llama-server --help (before --flash-attn took a value, when --no-mmap
 # and --no-cont-batching were options of their own), as common/arg.cpp prints it.

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from semif_proxy import _engine, native
+from semif_proxy import native
 from tests.conftest import GPU_LAYERS
 
 PROMPT = "<|im_start|>user\nIs the sky blue? Answer yes or no.<|im_end|>\n<|im_start|>assistant\n"
@@ -136,7 +136,7 @@ def test_prefix_state_save_and_restore(engine: native.Engine) -> None:
     np.testing.assert_array_equal(restored, fresh)  # bit-identical, not merely close
     with pytest.raises(native.LlamaError) as err:
         engine.set_prefix_state(state, prefix[:-2], logits)
-    assert err.value.code == _engine.ERR_STATE_FAILED
+    assert err.value.code == native.ERR_STATE_FAILED
     with pytest.raises(native.LlamaError, match="n_vocab"):
         engine.set_prefix_state(state, prefix, logits[:10])
 
@@ -183,22 +183,34 @@ def test_logits_match_llama_server(engine: native.Engine, llama_server_url: str)
 
 
 def test_decode_releases_the_gil(engine: native.Engine) -> None:
+    """While a decode runs on another thread, this thread keeps running Python. Were the GIL
+    held, this thread would stand still for the whole call: its longest pause would be as long
+    as the call. Counted in this thread's own progress, not in a fixed number of ticks."""
     prefix = engine.tokenize(PROMPT * 20, add_special=True)
-    ticks = 0
+    span: dict[str, float] = {}
     done = threading.Event()
 
     def work() -> None:
         engine.reset()
+        span["start"] = time.monotonic()
         engine.score(prefix, [[]], letter_ids(engine))
+        span["end"] = time.monotonic()
         done.set()
 
     thread = threading.Thread(target=work)
+    beats = []
     thread.start()
     while not done.is_set():
-        ticks += 1
+        beats.append(time.monotonic())
         time.sleep(0.001)
     thread.join()
-    assert ticks > 5
+    inside = [t for t in beats if span["start"] <= t <= span["end"]]
+    gaps = np.diff([span["start"], *inside, span["end"]])
+    assert len(inside) >= 2 and gaps.max() < 0.5 * (span["end"] - span["start"]), (
+        len(inside),
+        gaps.max(),
+        span["end"] - span["start"],
+    )
 
 
 def test_llama_logs_reach_python_logging(
@@ -209,10 +221,8 @@ def test_llama_logs_reach_python_logging(
     assert any(r.name == "semif_proxy.llama" for r in caplog.records)
 
 
-def test_tiny_model_loads_fast(tiny_model: Path) -> None:
-    start = time.perf_counter()
+def test_tiny_model_loads_and_scores(tiny_model: Path) -> None:
     tiny = native.Engine(str(tiny_model), n_ctx=256, n_threads=1, n_seq=4)
-    assert time.perf_counter() - start < 5
     assert tiny.chat_template and "<|im_start|>" in tiny.chat_template
     ids = tiny.tokenize("A", parse_special=False)
     assert len(ids) == 1 and tiny.token_piece(ids[0]) == b"A"
@@ -223,7 +233,7 @@ def test_tiny_model_loads_fast(tiny_model: Path) -> None:
 def test_missing_model_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(native.LlamaError, match="not found") as err:
         native.Engine(str(tmp_path / "nope.gguf"))
-    assert err.value.code == _engine.ERR_LOAD_FAILED
+    assert err.value.code == native.ERR_LOAD_FAILED
 
 
 def test_non_gguf_file_is_a_clear_error(tmp_path: Path) -> None:
@@ -239,7 +249,7 @@ def test_corrupt_gguf_is_a_clear_error(tmp_path: Path, tiny_model: Path) -> None
     path.write_bytes(data[: len(data) // 3])
     with pytest.raises(native.LlamaError, match="failed to load") as err:
         native.Engine(str(path))
-    assert err.value.code == _engine.ERR_LOAD_FAILED
+    assert err.value.code == native.ERR_LOAD_FAILED
 
 
 def test_prompt_longer_than_context(tiny_model: Path) -> None:
@@ -247,7 +257,7 @@ def test_prompt_longer_than_context(tiny_model: Path) -> None:
     long_prompt = tiny.tokenize("x" * (tiny.n_ctx + 10))
     with pytest.raises(native.LlamaError, match=f"context holds {tiny.n_ctx}") as err:
         tiny.score(long_prompt, [[]], [1])
-    assert err.value.code == _engine.ERR_CONTEXT_OVERFLOW
+    assert err.value.code == native.ERR_CONTEXT_OVERFLOW
     # The engine stays usable after the refusal.
     logits, _, _ = tiny.score(tiny.tokenize("short"), [[]], [1])
     assert logits.shape == (1, 1)
@@ -256,6 +266,6 @@ def test_prompt_longer_than_context(tiny_model: Path) -> None:
 def test_bad_token_ids_are_rejected(engine: native.Engine) -> None:
     with pytest.raises(native.LlamaError, match="outside the vocabulary") as err:
         engine.score([1, 2, 3], [[]], [engine.n_vocab])
-    assert err.value.code == _engine.ERR_BAD_ARGUMENT
+    assert err.value.code == native.ERR_BAD_ARGUMENT
     with pytest.raises(native.LlamaError, match="mode must be"):
         engine.score([1, 2, 3], [[]], [1], "sideways")

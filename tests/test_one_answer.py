@@ -11,8 +11,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.helpers.server import ProxyProcess
-from tests.test_engine import OPTIONS, STATE
+from semif_proxy.examples import ROUTING_OPTIONS as OPTIONS
+from semif_proxy.examples import ROUTING_STATE as STATE
+from semif_proxy.testing.server import ProxyProcess
 
 # Default settings: none of the test harness's thread or slot pinning.
 DEFAULTS: dict[str, str | None] = {"SEMIF_THREADS": None, "SM_LLAMA_CPP_PARALLEL": None}
@@ -69,9 +70,7 @@ def test_decision_equals_the_servers_own_completion(smollm: ProxyProcess) -> Non
 
 
 def test_llama_server_runs_flash_attention_off_unless_told(smollm: ProxyProcess) -> None:
-    argv = next(
-        li for li in smollm.log_lines() if '"llama_server_start"' in li and '"argv"' in li
-    )
+    argv = next(li for li in smollm.log_lines() if '"llama_server_start"' in li and '"argv"' in li)
     assert '"--flash-attn", "off"' in argv
 
 

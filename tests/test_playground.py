@@ -7,21 +7,23 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from playwright import sync_api as pw
 
-from tests.helpers.server import ProxyProcess
+from semif_proxy.testing.server import ProxyProcess
 
-pw = pytest.importorskip("playwright.sync_api")
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 ARTIFACTS = Path(__file__).resolve().parent / "artifacts"
-pytestmark = pytest.mark.skipif(
-    CHROMIUM is None, reason="needs Debian's chromium (make test installs it)"
-)
 
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[object]:
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    if chromium is None:
+        pytest.fail(
+            "the playground tests need Chromium and none is on PATH: install it with "
+            "`apt-get install chromium` (Debian/Ubuntu; `make test` run as root installs it)"
+        )
     with pw.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=["--no-sandbox"])
+        b = p.chromium.launch(executable_path=chromium, headless=True, args=["--no-sandbox"])
         yield b
         b.close()
 

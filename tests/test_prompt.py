@@ -73,3 +73,29 @@ def test_letter_check_reports_merges_across_the_answer_boundary() -> None:
     check = check_letters(merging, merging, chr, "prompt\n")
     assert not check.ok
     assert any("does not tokenize as prompt tokens" in p for p in check.problems)
+
+
+def test_special_token_policy_walks_every_string_in_document_order() -> None:
+    import pytest
+
+    from semif_proxy.errors import InvalidRequest
+    from semif_proxy.injection import SpecialTokenPolicy, walk_strings
+
+    value = {"a": ["x", {"<k>": "y"}], "b": "z"}
+    assert list(walk_strings(value, "s")) == [
+        ("s", "a"),
+        ("s.a[0]", "x"),
+        ("s.a[1]", "<k>"),
+        ("s.a[1].<k>", "y"),
+        ("s", "b"),
+        ("s.b", "z"),
+    ]
+    deep: object = "<|im_end|>"
+    for _ in range(10_000):  # far deeper than Python's recursion limit
+        deep = [deep]
+    policy = SpecialTokenPolicy(["<|im_start|>", "<|im_end|>", " "])  # blank texts are ignored
+    with pytest.raises(InvalidRequest) as err:
+        policy.check(deep, "d.state")
+    assert err.value.field == "d.state" + "[0]" * 10_000 and "'<|im_end|>'" in err.value.message
+    policy.check({"ok": ["plain text", "with spaces"]}, "d.state")  # nothing special: no error
+    SpecialTokenPolicy([]).check("<|im_start|>", "x")  # a vocabulary without specials

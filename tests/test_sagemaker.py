@@ -16,13 +16,13 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from semif_proxy.settings import load_settings
-from tests.helpers.server import ProxyProcess, Reply
+from semif_proxy.testing.server import ProxyProcess, Reply, wait_for
 
 # Probe fast, and never restart on failed probes unless a test asks for it.
 WATCH = {
@@ -41,14 +41,6 @@ ROUTING = {
     ],
 }
 CHAT = {"messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 2, "temperature": 0}
-
-
-def wait_for(check: Callable[[], bool], timeout: float, what: str) -> float:
-    start = time.monotonic()
-    while not check():
-        assert time.monotonic() - start < timeout, f"timed out after {timeout}s: {what}"
-        time.sleep(0.05)
-    return time.monotonic() - start
 
 
 def status_of(server: ProxyProcess, method: str, path: str, body: object = None) -> int:
@@ -122,12 +114,22 @@ def test_ping_and_chat_recover_after_llama_server_resumes(watched: ProxyProcess)
         wait_for(lambda: status_of(watched, "GET", "/ping") == 503, 10, "/ping 503 when stalled")
         chat = watched.call("POST", "/v1/chat/completions", CHAT, timeout=10)
         assert chat.status == 503 and int(chat.headers["Retry-After"]) >= 1
-        # Decisions do not depend on llama-server, and /ping never blocks on the stalled child.
+        # Decisions do not depend on llama-server, and /ping never waits on the stalled child:
+        # a stopped llama-server never answers, so a /ping that asked it would not answer
+        # either (status_of gives up after 10 s).
         assert watched.call("POST", "/v1/decisions", {"decision": ROUTING}).status == 200
-        started = time.monotonic()
         assert status_of(watched, "GET", "/ping") == 503
-        assert time.monotonic() - started < 1
-        time.sleep(4 - 0.5)  # the stall the issue reproduces: four seconds in all
+        # The stall the issue reproduces is long: many probes fail in a row (never restarted
+        # here: SEMIF_MAX_FAILED_PROBES is 1000).
+        wait_for(
+            lambda: (
+                watched.call("GET", "/health", timeout=10).json()["llama_server"]["failed_probes"]
+                >= 10
+            ),
+            60,
+            "ten failed probes in a row",
+        )
+        assert status_of(watched, "GET", "/ping") == 503
     finally:
         os.kill(pid, signal.SIGCONT)
     wait_for(lambda: status_of(watched, "GET", "/ping") == 200, 10, "/ping 200 after SIGCONT")
@@ -186,14 +188,16 @@ def test_ping_is_503_while_decisions_are_refused(tiny_merging_model: Path) -> No
 # -- bounded work -----------------------------------------------------------------------------
 
 
-def hang_up_after(server: ProxyProcess, body: dict, seconds: float) -> None:
+def hang_up_once_running(server: ProxyProcess, body: dict) -> None:
+    """Send a decision, and hang up once the engine is working on a job (this one, or the one
+    it queues behind)."""
     raw = json.dumps(body).encode()
     with socket.create_connection(("127.0.0.1", server.port), timeout=30) as sock:
         sock.sendall(
             b"POST /v1/decisions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
             b"Content-Length: " + str(len(raw)).encode() + b"\r\n\r\n" + raw
         )
-        time.sleep(seconds)  # the prefill is under way; then the client leaves
+        wait_for(lambda: server.metric("semif_engine_job_running") == 1, 60, "an engine job")
 
 
 def stopped_jobs(server: ProxyProcess) -> list[float]:
@@ -202,14 +206,22 @@ def stopped_jobs(server: ProxyProcess) -> list[float]:
     return [e["after_abort_seconds"] for e in events if e.get("event") == "engine_job_stopped"]
 
 
+# Tokens a 3,800-token prefill has evaluated when it is stopped: none, or its first batch of
+# 2,048 (SEMIF_BATCH_SIZE); a prefill that ran to its end counts all of them (engine.cpp counts a
+# batch once it is decoded).
+UNFINISHED_PREFILL = 3000
+
+
 def test_a_client_that_hangs_up_stops_its_prefill(watched: ProxyProcess) -> None:
     body = {"decision": {**ROUTING, "id": "long", "state": long_state(3800)}}
     before = len(stopped_jobs(watched))
-    hang_up_after(watched, body, 1.0)
-    wait_for(lambda: len(stopped_jobs(watched)) > before, 30, "the engine job to stop")
-    # It stopped within a graph node or two of the hang-up, not at the end of its prefill
-    # (about 15 s on one thread here), so the next request starts at once.
-    assert stopped_jobs(watched)[-1] < 1.0
+    tokens = watched.metric("semif_engine_tokens_evaluated_total")
+    hang_up_once_running(watched, body)
+    wait_for(lambda: len(stopped_jobs(watched)) > before, 60, "the engine job to stop")
+    # It stopped at a graph node of its prefill, not at the end of it, so the next request
+    # starts at once.
+    assert watched.metric("semif_engine_tokens_evaluated_total") - tokens < UNFINISHED_PREFILL
+    assert watched.metric("semif_engine_job_running") == 0
     reply = watched.call("POST", "/v1/decisions", {"decision": ROUTING}, timeout=60)
     assert reply.status == 200
 
@@ -219,15 +231,15 @@ def test_deadline_stops_the_work_and_says_why(model_path: Path, tmp_path: Path) 
     server = ProxyProcess(model_path, env, log_path=tmp_path / "deadline.log").start()
     try:
         body = {"decision": {**ROUTING, "id": "long", "state": long_state(3800)}}
-        started = time.monotonic()
+        tokens = server.metric("semif_engine_tokens_evaluated_total")
         reply = server.call("POST", "/v1/decisions", body, timeout=60)
-        took = time.monotonic() - started
         assert reply.status == 504, reply.body
         message = reply.json()["error"]["message"]
         assert "SEMIF_REQUEST_TIMEOUT" in message and "60 s" in message
-        assert took < 6  # answered at the deadline, not after the ~15 s prefill
-        wait_for(lambda: len(stopped_jobs(server)) == 1, 30, "the aborted job to stop")
-        assert stopped_jobs(server)[0] < 1.0
+        wait_for(lambda: len(stopped_jobs(server)) == 1, 60, "the aborted job to stop")
+        # Answered at the deadline and the work stopped there, before its prefill ended.
+        assert server.metric("semif_engine_tokens_evaluated_total") - tokens < UNFINISHED_PREFILL
+        assert server.metric("semif_engine_jobs_aborted_total") == 1
         assert server.call("POST", "/v1/decisions", {"decision": ROUTING}).status == 200
     finally:
         assert server.stop() == 0
@@ -295,7 +307,10 @@ def test_the_largest_bodies_are_refused_before_any_prompt_is_built(
             reply = server.call("POST", path, raw=raw, timeout=60)
             took = time.monotonic() - started
             assert reply.status in (413, 422), (name, reply.status, reply.body[:300])
-            assert took < 1.0, (name, took)
+            # Building every prompt of one of these takes minutes here (hundreds of 1 MiB
+            # prompts); the refusal comes first (well under a second on an idle machine).
+            assert took < 10.0, (name, took)
+        # Nor was any of those prompts held in memory: the peak barely moved.
         assert rss_kb(server.proc.pid) - peak_before < 200 * 1024
     finally:
         server.stop()
@@ -317,7 +332,9 @@ def test_deeply_nested_bodies_are_a_400(watched: ProxyProcess, depth: int) -> No
 
 def test_concurrent_hangups_leave_the_engine_usable(watched: ProxyProcess) -> None:
     body = {"decision": {**ROUTING, "id": "long", "state": long_state(1500)}}
-    threads = [threading.Thread(target=hang_up_after, args=(watched, body, 0.3)) for _ in range(4)]
+    threads = [
+        threading.Thread(target=hang_up_once_running, args=(watched, body)) for _ in range(4)
+    ]
     for t in threads:
         t.start()
     for t in threads:

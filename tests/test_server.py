@@ -6,14 +6,13 @@ import json
 import os
 import signal
 import socket
-import time
 from pathlib import Path
 
 import pytest
 
-from semif_proxy import native
+from semif_proxy.testing.server import ProxyProcess, wait_for
 from tests.conftest import GPU_LAYERS
-from tests.helpers.server import ProxyProcess
+from tests.helpers.llama_gate import LlamaGate
 
 DECISION = {
     "id": "route-1",
@@ -113,9 +112,25 @@ def test_invalid_decisions(proxy: ProxyProcess, body: object, status: int, field
     assert error["field"] == field and error["request_id"] and error["message"]
 
 
+def padded(body: object, size: int) -> bytes:
+    """The body as JSON, padded with trailing whitespace (still valid JSON) to exactly size."""
+    raw = json.dumps(body).encode()
+    assert len(raw) <= size
+    return raw + b" " * (size - len(raw))
+
+
+def test_body_limit_is_exact(proxy: ProxyProcess) -> None:
+    limit = 1 << 20  # SEMIF_MAX_BODY_BYTES' default
+    at_limit = proxy.call("POST", "/v1/decisions", raw=padded({"decision": DECISION}, limit))
+    assert at_limit.status == 200, at_limit.body[:300]
+    assert at_limit.json()["result"]["id"] == DECISION["id"]
+    over = proxy.call("POST", "/v1/decisions", raw=padded({"decision": DECISION}, limit + 1))
+    assert over.status == 413, over.body[:300]
+    error = over.json()["error"]
+    assert error["type"] == "too_large" and error["field"] == "body" and error["limit"] == limit
+
+
 def test_body_limits_and_media_type(proxy: ProxyProcess) -> None:
-    big = proxy.call("POST", "/v1/decisions", bad(state="x" * (1 << 20 + 1)))
-    assert big.status == 413 and big.json()["error"]["limit"] == 1 << 20
     text = proxy.call("POST", "/invocations", raw=b"{}", headers={"Content-Type": "text/plain"})
     assert text.status == 415 and text.json()["error"]["field"] == "Content-Type"
     broken = proxy.call("POST", "/invocations", raw=b"{not json")
@@ -160,18 +175,20 @@ def test_streamed_chat_arrives_in_chunks(proxy: ProxyProcess) -> None:
             + b"\r\nConnection: close\r\n\r\n"
             + request
         )
-        arrivals: list[tuple[float, bytes]] = []
+        reads: list[bytes] = []
         while True:
             data = sock.recv(65536)
             if not data:
                 break
-            arrivals.append((time.monotonic(), data))
-    stream = b"".join(d for _, d in arrivals)
+            reads.append(data)
+    stream = b"".join(reads)
     assert b"text/event-stream" in stream.split(b"\r\n\r\n", 1)[0]
     events = [e for e in stream.split(b"\n\n") if b"data: " in e]
     assert len(events) > 5 and b"[DONE]" in stream
-    # More than one network read, and the first one came well before the last.
-    assert len(arrivals) > 2 and arrivals[-1][0] - arrivals[0][0] > 0.05
+    # Relayed as it was generated: the first event had arrived while the answer was still
+    # being written, i.e. before the end of the stream.
+    first = next(i for i, _ in enumerate(reads) if b"data: " in b"".join(reads[: i + 1]))
+    assert b"[DONE]" not in b"".join(reads[: first + 1])
 
 
 def test_system_one_round_trip(proxy: ProxyProcess) -> None:
@@ -210,23 +227,19 @@ def test_metrics_count_requests(proxy: ProxyProcess) -> None:
 
 
 def test_llama_server_crash_is_survived(model_path, tmp_path) -> None:
-    server = ProxyProcess(model_path, log_path=tmp_path / "crash.log").start()
+    gate = LlamaGate(tmp_path)
+    server = ProxyProcess(model_path, gate.env, log_path=tmp_path / "crash.log").start()
     try:
         pid = server.call("GET", "/health").json()["llama_server"]["pid"]
+        gate.close()  # the restart that follows waits until the test opens the gate
         os.kill(pid, signal.SIGKILL)
-        saw_503 = False
-        for _ in range(50):
-            if server.call("GET", "/ping").status == 503:
-                saw_503 = True
-                break
-            time.sleep(0.05)
-        assert saw_503
+        wait_for(lambda: server.call("GET", "/ping").status == 503, 60, "/ping 503")
+        ping = server.call("GET", "/ping").json()
+        assert ping["llama_server"]["healthy"] is False and ping["engine"]["state"] == "ready"
         during = server.call("POST", "/v1/decisions", {"decision": DECISION})
         assert during.status == 200  # decisions do not depend on llama-server
-        deadline = time.monotonic() + 60
-        while server.call("GET", "/ping").status != 200:
-            assert time.monotonic() < deadline
-            time.sleep(0.2)
+        gate.open()
+        wait_for(lambda: server.call("GET", "/ping").status == 200, 120, "/ping 200 again")
         health = server.call("GET", "/health").json()
         assert health["llama_server"]["restarts"] == 1 and health["llama_server"]["pid"] != pid
     finally:
@@ -249,31 +262,38 @@ def test_decision_only_server_starts_no_llama_server(model_path) -> None:
 
 def test_ping_is_503_while_starting_then_200(model_path: Path, tmp_path: Path) -> None:
     """The port opens before the engine and llama-server are ready; /ping tells the truth."""
-    real = native.llama_server_path()
-    slow = tmp_path / "slow-llama-server"
-    slow.write_text(f'#!/bin/sh\nsleep 3\nexec "{real}" "$@"\n')
-    slow.chmod(0o755)
-    server = ProxyProcess(model_path, {"SEMIF_LLAMA_SERVER": str(slow)}).launch()
+    gate = LlamaGate(tmp_path, closed=True)  # llama-server starts when the test says so
+    server = ProxyProcess(model_path, gate.env).launch()
     try:
-        statuses = []
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
+
+        def ping() -> dict:
+            assert server.proc is not None and server.proc.poll() is None, "the server exited"
             try:
-                reply = server.call("GET", "/ping", timeout=2)
+                reply = server.call("GET", "/ping", timeout=10)
             except OSError:
-                time.sleep(0.05)
-                continue
-            statuses.append(reply.status)
-            if reply.status == 200:
-                break
-            body = reply.json()
-            assert body["status"] == "unavailable"
-            assert body["llama_server"]["state"] in ("stopped", "starting")
-            time.sleep(0.1)
-        assert statuses[0] == 503 and statuses[-1] == 200
+                return {}  # the port is not open yet
+            assert reply.status == (200 if reply.json()["status"] == "ok" else 503)
+            return reply.json()
+
+        # Up, and the engine ready, while llama-server has not started: still 503.
+        wait_for(lambda: ping().get("engine", {}).get("state") == "ready", 120, "the engine")
+        body = ping()
+        assert body["status"] == "unavailable" and body["llama_server"]["state"] == "starting"
         assert server.call("POST", "/v1/decisions", {"decision": DECISION}).status == 200
+        gate.open()
+        wait_for(lambda: ping().get("status") == "ok", 120, "/ping 200")
+        assert server.call("GET", "/ping").status == 200
     finally:
         assert server.stop() == 0
+
+
+def test_health_reports_the_exactness_self_check(proxy: ProxyProcess) -> None:
+    check = proxy.call("GET", "/health").json()["exactness_check"]
+    tolerance = 0.0 if GPU_LAYERS == 0 else 1e-3
+    assert check["passed"] is True and check["tolerance"] == tolerance
+    assert check["max_abs_difference"] <= tolerance
+    assert check["branch_mode"] == ("restore" if GPU_LAYERS == 0 else "copy")
+    assert check["prefix_tokens"] > 0 and len(check["suffix_tokens"]) == 2
 
 
 def test_engine_that_cannot_load_stops_the_process(tiny_model: Path, tmp_path: Path) -> None:

@@ -22,7 +22,7 @@ import pytest
 
 from semif_proxy import native
 from semif_proxy.llama_server import LineReader, LlamaServer, Supervision
-from tests.conftest import free_port
+from semif_proxy.testing.server import free_port
 
 FAST = Supervision(start_timeout=60, probe_interval=0.2, probe_timeout=0.5, max_failed_probes=3)
 
@@ -97,10 +97,10 @@ def test_stop_ends_a_stopped_child(tiny_model: Path) -> None:
         pid = server.pid
         assert pid is not None
         os.kill(pid, signal.SIGSTOP)
-        started = time.monotonic()
-        await server.stop(timeout=10)
-        # SIGTERM alone waits for a SIGCONT; stop() resumes it so it ends at once.
-        assert time.monotonic() - started < 5
+        await server.stop(timeout=60)
+        # SIGTERM alone waits for a SIGCONT; stop() resumes it, so the child shuts down on the
+        # SIGTERM (llama-server exits 0) instead of being killed (-9) when the timeout runs out.
+        assert server.process is not None and server.process.returncode == 0
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
 

@@ -3,6 +3,7 @@ rotations, abstention and the JevBench tasks."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -11,9 +12,9 @@ import numpy as np
 import pytest
 import typesafe_sdk as ts
 
-from bench.jevbench_tasks import DEFAULT_DIR, predicted_label, read_tasks, task_files
 from semif_proxy import rotations
-from tests.helpers.server import ProxyProcess
+from semif_proxy.jevbench import DEFAULT_DIR, predicted_label, read_tasks, task_files
+from semif_proxy.testing.server import ProxyProcess
 
 KEY = "test-key-0123456789"
 NO_RETRY = ts.RetryPolicy(max_retries=0)
@@ -38,7 +39,17 @@ def auth() -> dict[str, str]:
     return {"Authorization": f"Bearer {KEY}"}
 
 
-def test_sdk_round_trips_every_question_type(client: ts.TypeSafeClient) -> None:
+def served_id(model: Path) -> str:
+    """The id the server must answer with, computed here: the file's stem in lower case, "@",
+    the first 12 hex digits of the file's sha256."""
+    digest = hashlib.sha256()
+    with model.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return f"{model.stem.lower()}@{digest.hexdigest()[:12]}"
+
+
+def test_sdk_round_trips_every_question_type(client: ts.TypeSafeClient, model_path: Path) -> None:
     response = client.system_one(
         STATE,
         {
@@ -52,7 +63,7 @@ def test_sdk_round_trips_every_question_type(client: ts.TypeSafeClient) -> None:
         },
         model="jev-latest",
     )
-    assert response.model.endswith("@" + response.model.split("@")[1])  # the versioned id
+    assert response.model == served_id(model_path)  # the versioned id, not the alias asked
     assert response.usage.input_tokens > 0 and response.usage.output_tokens == 0
     noul = response.nouls["billing"]
     assert 0.0 <= noul.noul <= 1.0 and not hasattr(noul, "confidence")
@@ -86,9 +97,9 @@ def test_sdk_object_state_and_instructions(client: ts.TypeSafeClient) -> None:
     assert 0.0 <= response.nouls["refund"].noul <= 1.0
 
 
-def test_sdk_lists_models(client: ts.TypeSafeClient) -> None:
+def test_sdk_lists_models(client: ts.TypeSafeClient, model_path: Path) -> None:
     names = [m.name for m in client.models.list().models]
-    assert names[1:] == ["jev-latest", "jev-preview"] and "@" in names[0]
+    assert names == [served_id(model_path), "jev-latest", "jev-preview"]
 
 
 def test_sdk_error_classes(keyed: ProxyProcess) -> None:

@@ -7,11 +7,11 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
+from semif_proxy import decisions as service
 from semif_proxy.bodies import read_json_object
-from semif_proxy.errors import NotFound, PayloadTooLarge, Unavailable
+from semif_proxy.errors import NotFound, Unavailable
 from semif_proxy.keys import DECISION_ADMISSION, ENGINE, GATE, SETTINGS
 from semif_proxy.middleware import DEADLINE, deadline_passed, remaining
-from semif_proxy.schemas import SharedRequest, SingleRequest, check_shared, parse
 
 if TYPE_CHECKING:
     from semif_proxy.engine import DecisionEngine
@@ -21,7 +21,7 @@ def require_engine(request: web.Request) -> DecisionEngine:
     settings = request.app[SETTINGS]
     if not settings.decisions:
         raise NotFound("decisions are disabled on this server (SEMIF_DECISIONS=off)")
-    engine = request.app.get(ENGINE)
+    engine = request.app[ENGINE].engine
     if engine is None:
         raise Unavailable("the decision engine is still loading")
     return engine
@@ -43,34 +43,13 @@ async def run_on_engine(request: web.Request, fn: Any) -> Any:
             raise deadline_passed(request) from None
 
 
-def check_count(count: int, field: str, limit: int) -> None:
-    """Decisions and System One questions share one per-request limit (SEMIF_MAX_DECISIONS)."""
-    if count > limit:
-        raise PayloadTooLarge(
-            f"{field}: {count} {field}, over the limit of {limit} (SEMIF_MAX_DECISIONS)",
-            field=field,
-            count=count,
-            limit=limit,
-        )
-
-
 async def answer_decisions(request: web.Request, body: dict[str, Any]) -> web.Response:
     engine = require_engine(request)
-    settings = request.app[SETTINGS]
-    if "decision" in body:
-        single = parse(SingleRequest, body)
-        results, _ = await run_on_engine(
-            request, lambda: engine.decide([single.decision], ["decision"])
-        )
-        request["tokens"] = results[0]["input_tokens"]
-        return web.json_response({"result": results[0]})
-    shared = parse(SharedRequest, body)
-    check_count(len(shared.decisions), "decisions", settings.max_decisions)
-    check_shared(shared)
-    paths = [f"decisions[{i}]" for i in range(len(shared.decisions))]
-    results, timing = await run_on_engine(request, lambda: engine.decide(shared.decisions, paths))
-    request["tokens"] = sum(r["input_tokens"] for r in results)
-    return web.json_response({"results": results, "timing": timing})
+    parsed = service.parse_request(body, request.app[SETTINGS].max_decisions)
+    response, request["tokens"] = await run_on_engine(
+        request, lambda: service.answer(engine, parsed)
+    )
+    return web.json_response(response)
 
 
 async def decisions(request: web.Request) -> web.Response:

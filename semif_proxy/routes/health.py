@@ -30,7 +30,7 @@ def _status(app: web.Application) -> tuple[bool, dict[str, Any]]:
     parts: dict[str, Any] = {}
     ready = True
     if settings.decisions:
-        engine = app.get(ENGINE)
+        engine = app[ENGINE].engine
         engine_ok = engine is not None and engine.unavailable_reason is None
         failed = bool(app[STARTUP].errors)
         loading = "failed" if failed else "loading"
@@ -68,7 +68,7 @@ async def ping(request: web.Request) -> web.Response:
 async def health(request: web.Request) -> web.Response:
     app = request.app
     ready, parts = _status(app)
-    engine = app.get(ENGINE)
+    engine = app[ENGINE].engine
     body: dict[str, Any] = {
         "status": "ok" if ready else "unavailable",
         "version": __version__,
@@ -90,6 +90,9 @@ async def health(request: web.Request) -> web.Response:
             "bytes": engine.cache.size_bytes,
             **vars(engine.cache.stats),
         }
+        # Split vs one-piece letter logits on this libllama, compared at load (engine.py);
+        # null when the letter check already refused the model.
+        body["exactness_check"] = engine.exactness.as_dict() if engine.exactness else None
     return web.json_response(body, status=200 if ready else 503)
 
 
@@ -97,11 +100,18 @@ def register_gauges(app: web.Application) -> None:
     metrics = app[METRICS]
 
     def engine_attr(fn: Any) -> Any:
-        return lambda: float(fn(app[ENGINE])) if app.get(ENGINE) is not None else 0.0
+        def value() -> float:
+            engine = app[ENGINE].engine
+            return float(fn(engine)) if engine is not None else 0.0
+
+        return value
 
     metrics.gauge(
         "semif_engine_tokens_evaluated_total", engine_attr(lambda e: e.core.tokens_evaluated)
     )
+    # 1 while a job runs on the engine thread: what "the request is in the engine now" means.
+    metrics.gauge("semif_engine_job_running", engine_attr(lambda e: e.job_running))
+    metrics.gauge("semif_engine_jobs_aborted_total", engine_attr(lambda e: e.aborted_jobs))
     metrics.gauge("semif_prefix_cache_hits_total", engine_attr(lambda e: e.cache.stats.hits))
     metrics.gauge("semif_prefix_cache_misses_total", engine_attr(lambda e: e.cache.stats.misses))
     metrics.gauge("semif_prefix_cache_bytes", engine_attr(lambda e: e.cache.size_bytes))

@@ -195,6 +195,10 @@ async def passthrough(request: web.Request) -> web.StreamResponse:
     require_upstream(request)
     async with request.app[CHAT_ADMISSION].slot(remaining(request)):
         body = await read_limited(request, settings.max_body_bytes)
-        if body and request.content_type == "application/json":
-            parse_json(body)  # malformed JSON is the client's error (400), not llama-server's 500
+        # llama-server reads a body as JSON whatever its Content-Type, and its POST routes
+        # need one: malformed, missing or over-deep JSON is the client's error (400), not
+        # llama-server's 500 (both found by the fuzz test).
+        json_route = ("POST", target.split("?")[0]) in UPSTREAM_ROUTES
+        if body or (request.method == "POST" and json_route):
+            parse_json(body)
         return await forward(request, body, target)

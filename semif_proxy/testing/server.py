@@ -1,4 +1,5 @@
-"""A ServerProcess-style wrapper: the real `semif-proxy serve` on free loopback ports."""
+"""A ServerProcess-style wrapper: the real `semif-proxy serve` on free loopback ports, with a
+timeout on every call. The tests and the benchmarks drive the server through it."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,6 +22,16 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def wait_for(check: Callable[[], bool], timeout: float, what: str) -> float:
+    """Poll check() until it holds; seconds it took. Fails (AssertionError) after timeout: wait
+    on the event itself with a generous deadline rather than sleep for a guessed time."""
+    start = time.monotonic()
+    while not check():
+        assert time.monotonic() - start < timeout, f"timed out after {timeout}s: {what}"
+        time.sleep(0.05)
+    return time.monotonic() - start
 
 
 @dataclass
@@ -122,6 +134,14 @@ class ProxyProcess:
                 return Reply(resp.status, dict(resp.headers), resp.read())
         except urllib.error.HTTPError as err:
             return Reply(err.code, dict(err.headers), err.read())
+
+    def metric(self, name: str) -> float:
+        """The value of one unlabelled series in GET /metrics (e.g. semif_engine_job_running)."""
+        text = self.call("GET", "/metrics", timeout=10).body.decode()
+        for line in text.splitlines():
+            if line.startswith(name + " "):
+                return float(line.split()[1])
+        raise KeyError(f"{name} not in /metrics")
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 30.0) -> int | None:
         if self.proc is None:

@@ -1,6 +1,8 @@
 """JevBench task files: reading them, turning a row into a System One request, scoring answers.
 
-Shared by the HTTP benchmark (bench/run.py) and the slow test that runs all 231 public tasks.
+Shared by the HTTP benchmark (`python -m bench jevbench`) and the slow test that runs all 231
+public tasks. The task files live beside the checkout (`../shared/jevbench`); nothing here is
+needed to serve.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+# <checkout>/../shared/jevbench: this file is <checkout>/semif_proxy/jevbench.py.
 DEFAULT_DIR = Path(__file__).resolve().parent.parent.parent / "shared" / "jevbench"
 
 
@@ -64,19 +67,3 @@ def label_probabilities(answer: dict[str, Any]) -> dict[str, float]:
     if answer["type"] == "noul":
         return {"yes": answer["noul"], "no": 1.0 - answer["noul"]}
     return dict(answer["probabilities"])
-
-
-def ece(confidences: list[float], correct: list[bool], bins: int = 10) -> float:
-    """Expected calibration error of the argmax confidence (equal-width bins)."""
-    n = len(confidences)
-    if n == 0:
-        return 0.0
-    total = 0.0
-    for b in range(bins):
-        lo, hi = b / bins, (b + 1) / bins
-        idx = [i for i, c in enumerate(confidences) if (lo < c <= hi) or (b == 0 and c == 0)]
-        if idx:
-            acc = sum(correct[i] for i in idx) / len(idx)
-            conf = sum(confidences[i] for i in idx) / len(idx)
-            total += len(idx) / n * abs(acc - conf)
-    return total

@@ -1,0 +1,189 @@
+"""Helpers of scripts/gpu_check.sh that are easier in Python than in bash.
+
+python scripts/gpu_env.py imports              # versions of what the suite imports
+python scripts/gpu_env.py runtime-dirs         # where libcudart/libcublas .so.13 are
+python scripts/gpu_env.py native [--need-gpu]  # the extension's build and devices
+python scripts/gpu_env.py summary --out DIR [--failed "a b"] [--seconds N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import importlib
+import importlib.metadata
+import json
+import os
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+from typing import Any
+
+# module to import -> distribution whose version is shown
+MODULES = {
+    "aiohttp": "aiohttp",
+    "pydantic": "pydantic",
+    "jinja2": "jinja2",
+    "numpy": "numpy",
+    "pytest": "pytest",
+    "pytest_aiohttp": "pytest-aiohttp",
+    "pytest_asyncio": "pytest-asyncio",
+    "pytest_timeout": "pytest-timeout",
+    "hypothesis": "hypothesis",
+    "gguf": "gguf",
+    "typesafe_sdk": "typesafe-sdk",
+    "backports.zstd": "backports.zstd",
+    "scikit_build_core": "scikit-build-core",
+    "pybind11": "pybind11",
+}
+CUDA_LIBS = ("libcudart.so.13", "libcublas.so.13", "libcublasLt.so.13", "libcuda.so.1")
+# Where drivers put libcuda.so.1 when the loader's cache does not name it (containers mount it).
+DRIVER_DIRS = ("/usr/local/nvidia/lib64", "/usr/local/nvidia/lib", "/usr/lib/wsl/lib")
+
+
+def imports() -> int:
+    print("python", sys.version.split()[0], sys.executable)
+    missing = 0
+    for name, dist in MODULES.items():
+        try:
+            importlib.import_module(name)
+            print(f"  {name} {importlib.metadata.version(dist)}")
+        except Exception as exc:
+            missing += 1
+            print(f"  {name} MISSING ({exc})")
+    return 1 if missing else 0
+
+
+def runtime_dirs() -> list[str]:
+    """Folders that hold the CUDA 13 runtime and cuBLAS: the toolkit's, then those of the
+    nvidia-* wheels of any folder on sys.path (PyTorch's environment on the GPU host), and a
+    mounted driver's."""
+    candidates = ["/usr/local/cuda/lib64", "/usr/local/cuda/targets/x86_64-linux/lib"]
+    candidates += DRIVER_DIRS
+    for base in sys.path:
+        for sub in ("nvidia/cu13/lib", "nvidia/cublas/lib", "nvidia/cuda_runtime/lib"):
+            candidates.append(os.path.join(base, sub))
+    out: list[str] = []
+    for d in candidates:
+        if d not in out and any(glob.glob(os.path.join(d, lib)) for lib in CUDA_LIBS):
+            out.append(d)
+    return out
+
+
+def native(need_gpu: bool) -> int:
+    from semif_proxy import native as n
+
+    info = n.build_info()
+    print(f"llama.cpp build {info['llama_cpp_build']}, gpu offload {info['gpu_offload']}")
+    for d in n.devices():
+        free, total = int(d.get("memory_free", 0)) / 2**30, int(d.get("memory_total", 0)) / 2**30
+        print(f"  {d['type']}: {d['name']} {d.get('description', '')} {free:.1f}/{total:.1f} GiB")
+    if need_gpu and not n.gpu_devices():
+        print("no GPU device in this extension (a CPU build, or CUDA did not initialise)")
+        return 1
+    return 0
+
+
+def _junit(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        return {}
+    root = ET.parse(path).getroot()
+    suite = root if root.tag == "testsuite" else root.find("testsuite")
+    if suite is None:
+        return {}
+    counts = {k: int(suite.get(k, 0)) for k in ("tests", "failures", "errors", "skipped")}
+    failed = []
+    for case in suite.iter("testcase"):
+        if case.find("failure") is not None or case.find("error") is not None:
+            failed.append(f"{case.get('classname')}::{case.get('name')}")
+    return {**counts, "time": float(suite.get("time", 0)), "failed": failed}
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value * 1000:.1f}"
+
+
+def summary(out: Path, failed: str, seconds: str) -> int:
+    lines = ["# GPU check", ""]
+    smi = out / "nvidia-smi.txt"
+    if smi.is_file():
+        lines += ["GPU: " + (smi.read_text().strip().splitlines() or ["?"])[-1], ""]
+    lines += [f"Finished in {seconds} s. Failed steps: {failed or 'none'}.", ""]
+    tests = _junit(out / "junit.xml")
+    if tests:
+        lines += [
+            f"Tests: {tests['tests']} collected, {tests['failures']} failed, "
+            f"{tests['errors']} errors, {tests['skipped']} skipped, {tests['time']:.0f} s.",
+            *[f"- FAILED {name}" for name in tests["failed"]],
+            "",
+        ]
+    bench_path = out / "bench_gpu.json"
+    bench = json.loads(bench_path.read_text()) if bench_path.is_file() else {}
+    if "latency" in bench and "error" not in bench["latency"]:
+        lines += ["| prompt tokens (target) | actual p50 | p50 ms | p95 ms | forward p50 ms |"]
+        lines += ["|---|---|---|---|---|"]
+        for target, row in bench["latency"].items():
+            lines.append(
+                f"| {target} | {row['input_tokens']['p50']:.0f} | "
+                f"{_ms(row['client_seconds']['p50'])} | {_ms(row['client_seconds']['p95'])} | "
+                f"{_ms(row['forward_seconds']['p50'])} |"
+            )
+        lines.append("")
+    if "shared" in bench and "error" not in bench["shared"]:
+        s = bench["shared"]
+        lines.append(
+            f"Shared state, {s['questions']} questions: {s['shared_seconds']:.3f} s in one request"
+            f" vs {s['singles_seconds_total']:.3f} s as cold singles (x{s['speedup']:.1f})."
+        )
+    if "throughput" in bench and "error" not in bench["throughput"]:
+        rates = ", ".join(
+            f"{n} clients {row['decisions_per_second']:.1f}/s"
+            for n, row in bench["throughput"].items()
+        )
+        lines.append(f"Decisions/s: {rates}.")
+    if "agreement" in bench and "error" not in bench["agreement"]:
+        a = bench["agreement"]
+        lines.append(
+            f"GPU vs CPU on {a['prompts']} prompts: max |dp| {a['max_abs_dp']:.2e}, "
+            f"max |dlogit| {a['max_abs_dlogit']:.2e}, argmax agreement {a['argmax_agreement']:.0%}."
+        )
+    if "memory" in bench and "error" not in bench["memory"]:
+        m = bench["memory"]
+        for name, est in m["estimate"].items():
+            got = m["measured_bytes"].get(name)
+            shown = f"{got / 2**30:.2f} GiB" if got else "not read"
+            lines.append(
+                f"Memory, {name}: estimated {est['total_bytes'] / 2**30:.2f} GiB, "
+                f"nvidia-smi {shown}."
+            )
+    for key in ("latency", "shared", "throughput", "agreement", "memory"):
+        if isinstance(bench.get(key), dict) and "error" in bench[key]:
+            lines.append(f"bench {key} failed: {bench[key]['error']}")
+    print("\n".join(lines))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("imports")
+    sub.add_parser("runtime-dirs")
+    p_native = sub.add_parser("native")
+    p_native.add_argument("--need-gpu", action="store_true")
+    p_summary = sub.add_parser("summary")
+    p_summary.add_argument("--out", type=Path, required=True)
+    p_summary.add_argument("--failed", default="")
+    p_summary.add_argument("--seconds", default="?")
+    args = parser.parse_args(argv)
+    if args.command == "imports":
+        return imports()
+    if args.command == "runtime-dirs":
+        print(":".join(runtime_dirs()))
+        return 0
+    if args.command == "native":
+        return native(args.need_gpu)
+    return summary(args.out, args.failed, args.seconds)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,93 @@
+"""What the application starts and stops (its aiohttp `cleanup_ctx` entries): the decision
+engine, the supervised llama-server child and the HTTP client session to it. Both slow loads
+run in the background, so the port opens at once and /ping says 503 until they are ready; a
+load that fails records why and calls the start-up's `on_fatal` (the CLI ends the process)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+
+import aiohttp
+from aiohttp import web
+
+from semif_proxy import native
+from semif_proxy.engine import DecisionEngine
+from semif_proxy.keys import ENGINE, LLAMA, SETTINGS, STARTUP, THREADS, UPSTREAM, EngineSlot
+from semif_proxy.llama_args import with_defaults
+from semif_proxy.llama_server import LlamaServer, LlamaServerError, Supervision
+
+log = logging.getLogger("semif_proxy.app")  # the name its log lines have always carried
+
+
+def _fatal(app: web.Application, what: str, exc: BaseException) -> None:
+    message = f"{what} failed to start: {exc}"
+    log.error(message, extra={"event": "startup_failed", "error": str(exc)})
+    app[STARTUP].errors.append(message)
+    app[STARTUP].on_fatal()
+
+
+async def _load_engine(app: web.Application) -> None:
+    try:
+        engine = await DecisionEngine.start(app[SETTINGS], app[THREADS].engine)
+    except Exception as exc:  # any load failure ends the process: nothing to serve
+        _fatal(app, "the decision engine", exc)
+        return
+    app[ENGINE].engine = engine
+    log.info("decision engine ready", extra={"event": "engine_ready", **engine.model_info})
+
+
+async def engine_ctx(app: web.Application) -> AsyncIterator[None]:
+    # Loaded in the background: the port opens at once and /ping says 503 until it is ready.
+    app[ENGINE] = EngineSlot()
+    task = asyncio.create_task(_load_engine(app)) if app[SETTINGS].decisions else None
+    yield
+    if task is not None:
+        await asyncio.shield(task)  # a load in progress cannot be interrupted; let it end
+    engine = app[ENGINE].engine
+    if engine is not None:
+        await asyncio.get_running_loop().run_in_executor(None, engine.close)
+
+
+async def _start_llama(app: web.Application, server: LlamaServer) -> None:
+    try:
+        await server.start()
+    except Exception as exc:
+        _fatal(app, "llama-server", exc)
+
+
+async def llama_ctx(app: web.Application) -> AsyncIterator[None]:
+    settings = app[SETTINGS]
+    app[LLAMA] = None
+    server = None
+    task = None
+    if settings.chat:
+        binary = native.llama_server_path(settings.llama_server_binary)
+        if binary is None:
+            raise LlamaServerError("no llama-server binary (bundled, $SEMIF_LLAMA_SERVER or PATH)")
+        args = with_defaults(settings.llama_server_args, app[THREADS].llama_server)
+        supervision = Supervision(
+            start_timeout=settings.llama_server_start_timeout,
+            probe_interval=settings.health_interval,
+            probe_timeout=settings.health_timeout,
+            max_failed_probes=settings.max_failed_probes,
+        )
+        server = LlamaServer(binary, settings.model_path, settings.upstream_port, args, supervision)
+        app[LLAMA] = server  # state "stopped"/"starting": /ping says 503 until it is healthy
+        task = asyncio.create_task(_start_llama(app, server))
+    yield
+    if task is not None and not task.done():
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+    if server is not None:
+        await server.stop()
+
+
+async def upstream_ctx(app: web.Application) -> AsyncIterator[None]:
+    connector = aiohttp.TCPConnector(limit=0)
+    async with aiohttp.ClientSession(connector=connector, auto_decompress=False) as session:
+        app[UPSTREAM] = session
+        yield

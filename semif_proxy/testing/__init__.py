@@ -1,0 +1,1 @@
+"""Tools for driving a real semif-proxy process from tests and benchmarks."""
