@@ -112,13 +112,17 @@ def progress(done: int, total: int, label: str) -> None:
     sys.stderr.flush()
 
 
-def start_server(model: Path, env: dict[str, str] | None = None) -> ProxyProcess:
-    base = {
-        "SEMIF_THREADS": "1",
-        "SM_LLAMA_CPP_THREADS": "1",
+def start_server(model: Path, env: dict[str, str | None] | None = None) -> ProxyProcess:
+    # The defaults a user gets (threads, CPU sharing, parallel slots), except: contexts large
+    # enough for the longest states measured, and a request timeout that lets a 4,000-token
+    # cold state finish on 2 cores (the default 55 s is SageMaker's real-time cut).
+    base: dict[str, str | None] = {
+        "SEMIF_THREADS": None,
+        "SM_LLAMA_CPP_PARALLEL": None,
         "SM_LLAMA_CPP_CTX_SIZE": "8192",
         "SEMIF_CTX_SIZE": "8192",
         "SEMIF_MAX_DECISIONS": "64",
+        "SEMIF_REQUEST_TIMEOUT": "900",
     }
     return ProxyProcess(model, {**base, **(env or {})}).start(timeout=300)
 

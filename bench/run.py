@@ -14,11 +14,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench import common, mixed, suites
+from bench import common, floor, mixed, startup, suites
 
-SUITES = ("jevbench", "generation", "order", "overhead", "shared", "prefix", "scaling")
-# Suites that start their own servers (several configurations side by side).
-OWN_SERVERS = ("mixed",)
+SUITES = ("jevbench", "generation", "order", "overhead", "shared", "prefix", "scaling", "floor")
+# Suites that start their own servers (several configurations, or the start itself).
+OWN_SERVERS = ("mixed", "startup")
 
 
 class Endpoint:
@@ -50,6 +50,8 @@ def run_suite(name: str, server: Any, args: argparse.Namespace) -> dict[str, Any
         return suites.overhead(server, repeats=args.repeats)
     if name == "shared":
         return suites.shared(server, questions=21, rounds=max(2, args.repeats // 10))
+    if name == "floor":
+        return floor.run(server.url, repeats=max(2, args.repeats // 10))
     if name == "prefix":
         return suites.prefix_cache(server, state_tokens=1200, rounds=max(2, args.repeats // 10))
     return suites.scaling(
@@ -62,6 +64,18 @@ def run_suite(name: str, server: Any, args: argparse.Namespace) -> dict[str, Any
 
 
 def headline(name: str, r: dict[str, Any]) -> str:
+    if name == "startup":
+        took = r["seconds_to_ping_200"]
+        return f"process start to /ping 200: median {took['median']:.1f} s of {len(took['all'])}"
+    if name == "floor":
+        return (
+            "; ".join(
+                f"{row['prompt_tokens']:.0f} tokens: forward/floor "
+                f"{row['forward_over_floor']:.2f}x, HTTP/floor {row['http_over_floor']:.2f}x"
+                for row in r["lengths"].values()
+            )
+            + f" (target <= {r['target_ratio']}x)"
+        )
     if name == "mixed":
         parts = []
         for design, d in r["designs"].items():
@@ -151,7 +165,11 @@ def main(argv: list[str] | None = None) -> int:
         if not args.model:
             parser.error(f"{name} starts its own servers: give --model")
         start = time.perf_counter()
-        result = mixed.run(args.model, args.mixed_seconds, tuple(args.mixed_designs.split(",")))
+        if name == "startup":
+            result = startup.run(args.model)
+        else:
+            designs = tuple(args.mixed_designs.split(","))
+            result = mixed.run(args.model, args.mixed_seconds, designs)
         result.update(wall_seconds=time.perf_counter() - start, machine=common.machine(), model=tag)
         common.write(f"{name}-{tag}", result)
         lines.append(f"- **{name}**: {headline(name, result)}")
@@ -167,6 +185,8 @@ def main(argv: list[str] | None = None) -> int:
             result = run_suite(name, server, args)
             result["wall_seconds"] = time.perf_counter() - start
             result["machine"] = common.machine()
+            # What the server ran with (threads per process, CPU sharing), next to the numbers.
+            result["server_cpu"] = common.get_json(server.url + "/health").get("cpu")
             result["model"] = tag
             path = common.write(f"{name}-{tag}", result)
             if name == "jevbench":

@@ -44,9 +44,12 @@ def create_app(settings: Settings, on_fatal: Callable[[], None] | None = None) -
     app.router.add_get("/health", health.health)
     app.router.add_get("/metrics", health.metrics)
     app.router.add_post("/invocations", invocations.invocations)
+    app.router.add_get("/execution-parameters", invocations.execution_parameters)
     app.router.add_post("/v1/decisions", decisions.decisions)
     app.router.add_post("/v1/systemone", systemone.systemone_route)
+    app.router.add_post("/v1/systemone/batch", systemone.batch_route)
     app.router.add_get("/v1/models", systemone.models_route)
+    app.on_response_prepare.append(systemone.tag_request_id)  # x-typesafe-request-id
     if settings.playground:
         playground.register(app)
     app.router.add_route("*", "/{tail:.*}", proxy.passthrough)

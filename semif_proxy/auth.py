@@ -2,7 +2,8 @@
 
 With SEMIF_API_KEY set, every request needs `Authorization: Bearer <key>` except the few that
 are public by design: GET /ping (SageMaker's health check), POST /invocations (SageMaker signs
-those calls at its edge and sends no key of ours) and the playground's static files. /health and
+those calls at its edge and sends no key of ours), GET /execution-parameters (a Batch Transform
+job asks it itself, without our key) and the playground's static files. /health and
 /metrics need the key too: they show versions, pids, devices and traffic.
 
 The decision is made on the path as the client sent it, not on the one aiohttp routed: a request
@@ -62,6 +63,9 @@ def public_routes(settings: Settings) -> frozenset[tuple[str, str]]:
     """(method, path) pairs that never need the key. Not /health nor /metrics: they show
     versions, pids, devices and traffic, so with a key set they need it too."""
     routes = {("GET", "/ping"), ("POST", "/invocations")}
+    # Batch Transform asks for its MaxConcurrentTransforms/MaxPayloadInMB/BatchStrategy here
+    # before the first call, with no headers of ours; the answer holds nothing secret.
+    routes.add(("GET", "/execution-parameters"))
     if settings.playground:
         routes |= {("GET", "/"), ("GET", "/playground")}
         routes |= {("GET", f"/playground/{name}") for name in playground.FILES}

@@ -1,5 +1,5 @@
-"""Command line: `semif-proxy serve` (the container entrypoint), `decide`, `calibrate`, `selfcheck`
-and the SageMaker deploy commands."""
+"""Command line: `semif-proxy serve` (the container entrypoint), `decide`, `calibrate`, `eval`,
+`selfcheck` and the SageMaker deploy commands."""
 
 from __future__ import annotations
 
@@ -110,6 +110,43 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_eval(args: argparse.Namespace) -> int:
+    """Exit 0: every row asked of every target and answered; 1: results written, but some rows
+    were bad or some answers failed; 2: nothing to run (no rows file, a target unusable, no
+    valid row)."""
+    from semif_proxy import eval_report
+    from semif_proxy.eval_targets import TargetError, open_target
+    from semif_proxy.evaluate import evaluate, exit_status, summary
+
+    configure_logging("WARNING")
+    rows_file = Path(args.rows)
+    if not rows_file.is_file():
+        sys.stderr.write(f"semif-proxy eval: {rows_file}: no such file\n")
+        return 2
+    if len(set(args.target)) != len(args.target):
+        sys.stderr.write("semif-proxy eval: a target is named twice\n")
+        return 2
+    targets = []
+    try:
+        for spec in args.target:
+            targets.append(open_target(spec, args.api_key, args.region, args.timeout))
+        results = evaluate(rows_file, targets, args.limit)
+    except (TargetError, OSError, UnicodeDecodeError) as exc:
+        sys.stderr.write(f"semif-proxy eval: {exc}\n")
+        return 2
+    finally:
+        for target in targets:
+            target.close()
+    for line in summary(results):
+        sys.stderr.write(line + "\n")
+    Path(args.out).write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
+    sys.stderr.write(f"wrote {args.out}\n")
+    if args.html:
+        Path(args.html).write_text(eval_report.render(results), encoding="utf-8")
+        sys.stderr.write(f"wrote {args.html}\n")
+    return exit_status(results)
+
+
 def cmd_selfcheck(args: argparse.Namespace) -> int:
     from semif_proxy import selfcheck
 
@@ -144,6 +181,26 @@ def main(argv: list[str] | None = None) -> int:
     )
     cal.add_argument("--output", default="temperature.json", help="file SEMIF_TEMPERATURE reads")
     cal.set_defaults(func=cmd_calibrate)
+    ev = sub.add_parser("eval", help="score targets on labelled rows (JevBench or decisions)")
+    ev.add_argument("rows", help="JSONL: JevBench rows or {'decision': ..., 'expected': id}")
+    ev.add_argument(
+        "--target",
+        action="append",
+        required=True,
+        help="model.gguf (in-process), http://host:port (a server), sagemaker:<endpoint>; "
+        "repeat to compare",
+    )
+    ev.add_argument("--out", default="eval-results.json", help="results JSON")
+    ev.add_argument("--html", help="also write an HTML report here")
+    ev.add_argument(
+        "--api-key",
+        default=os.environ.get("SEMIF_API_KEY"),
+        help="Bearer key for URL targets (default: SEMIF_API_KEY)",
+    )
+    ev.add_argument("--region", help="AWS region of sagemaker: targets (default: boto3's)")
+    ev.add_argument("--timeout", type=float, default=120.0, help="seconds per URL request")
+    ev.add_argument("--limit", type=int, help="read only the first N rows")
+    ev.set_defaults(func=cmd_eval)
     check = sub.add_parser("selfcheck", help="check the engine, libllama and llama-server")
     check.add_argument(
         "--require-system-libllama",

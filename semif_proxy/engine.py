@@ -300,6 +300,38 @@ class DecisionEngine:
                 limit=limit,
             )
 
+    def state_tokens(self, first: Question, field: str) -> int:
+        """The state's own tokens (its prompt head), refused (413 naming `field`) when the state
+        alone reaches the prompt limit. No token is longer than the vocabulary's longest piece:
+        a state with more bytes than limit x that cannot fit, and is refused before the
+        tokenizer reads all of it."""
+        head = render_decision(self.template, first.state, first.question, first.descriptions)
+        limit = self.settings.prompt_token_limit
+        size = len(head.state_prefix.encode("utf-8"))
+        count = -(-size // self.max_token_bytes)
+        if count < limit:
+            count = len(self.core.tokenize(head.state_prefix, True, True))
+        if count >= limit:
+            raise PayloadTooLarge(
+                f"{field}: the state alone is {count} tokens, over the prompt limit of {limit}",
+                field=field,
+                tokens=count,
+                limit=limit,
+            )
+        return count
+
+    def asked_tokens(self, questions: Sequence[Question]) -> int:
+        """A lower bound on what the questions add to a state: each text's own tokens, less
+        one for a merge at either edge."""
+        counts: dict[str, int] = {}
+
+        def tokens(text: str) -> int:
+            if text not in counts:
+                counts[text] = max(0, len(self.core.tokenize(text, False, False)) - 1)
+            return counts[text]
+
+        return sum(tokens(q.question) + sum(tokens(d) for d in q.descriptions) for q in questions)
+
     def _check_budget(self, questions: Sequence[Question]) -> None:
         """Refuse a request that cannot fit before any prompt is built: the state's own tokens
         (counted once) against the prompt limit, and the state plus every question's own text
@@ -307,33 +339,7 @@ class DecisionEngine:
         request (questions x rotations, each holding the state) is real work; it only starts
         once the request is known to fit."""
         first = questions[0]
-        head = render_decision(self.template, first.state, first.question, first.descriptions)
-        limit = self.settings.prompt_token_limit
-        # No token is longer than the vocabulary's longest piece: a state with more bytes than
-        # limit x that cannot fit, and is refused before the tokenizer reads all of it.
-        size = len(head.state_prefix.encode("utf-8"))
-        state_tokens = -(-size // self.max_token_bytes)
-        if state_tokens < limit:
-            state_tokens = len(self.core.tokenize(head.state_prefix, True, True))
-        if state_tokens >= limit:
-            raise PayloadTooLarge(
-                f"{first.path}.state: the state alone is {state_tokens} tokens, over the prompt "
-                f"limit of {limit}",
-                field=f"{first.path}.state",
-                tokens=state_tokens,
-                limit=limit,
-            )
-        counts: dict[str, int] = {}
-
-        def tokens(text: str) -> int:
-            # A text costs at least its own tokens, less one for a merge at either edge.
-            if text not in counts:
-                counts[text] = max(0, len(self.core.tokenize(text, False, False)) - 1)
-            return counts[text]
-
-        lower = state_tokens + sum(
-            tokens(q.question) + sum(tokens(d) for d in q.descriptions) for q in questions
-        )
+        lower = self.state_tokens(first, f"{first.path}.state") + self.asked_tokens(questions)
         self._check_request_tokens(lower, at_least=True)
 
     # -- the split -------------------------------------------------------------------------------

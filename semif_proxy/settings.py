@@ -20,6 +20,8 @@ from semif_proxy.llama_args import PREFIX, LlamaArgsError, llama_server_args
 from semif_proxy.model_files import ModelNotFoundError, discover_model
 from semif_proxy.prompt import MAX_OPTIONS
 
+DEFAULT_MAX_BODY_BYTES = 6 << 20
+
 
 class SettingsError(ValueError):
     """A configuration problem; the message names the variable."""
@@ -73,8 +75,15 @@ class Settings(BaseModel):
     temperature: Temperature = Temperature()
 
     # Limits
-    max_body_bytes: int = Field(1 << 20, ge=1024)
+    # SageMaker's own payload limit for a real-time invocation (6 MB) and Batch Transform's
+    # default MaxPayloadInMB: any call the platform delivers fits.
+    max_body_bytes: int = Field(DEFAULT_MAX_BODY_BYTES, ge=1024)
     max_decisions: int = Field(32, ge=1, le=1024)
+    # System One: questions per request (and per state of a batch), states per batch.
+    max_questions: int = Field(64, ge=1, le=1024)
+    max_batch_states: int = Field(64, ge=1, le=1024)
+    # Lines of one JSON Lines call (Batch Transform packs lines by bytes, up to MaxPayloadInMB).
+    max_batch_lines: int = Field(1000, ge=1, le=1_000_000)
     max_prompt_tokens: int = Field(0, ge=0)  # per decision; 0: the engine context
     max_request_tokens: int = Field(0, ge=0)  # per request; 0: 4 x the context
     max_in_flight: int = Field(4, ge=1, le=4096)
@@ -153,6 +162,9 @@ _ENV: dict[str, tuple[str, tuple[str, ...]]] = {
     "temperature": ("SEMIF_TEMPERATURE", ()),
     "max_body_bytes": ("SEMIF_MAX_BODY_BYTES", ()),
     "max_decisions": ("SEMIF_MAX_DECISIONS", ()),
+    "max_questions": ("SEMIF_MAX_QUESTIONS", ()),
+    "max_batch_states": ("SEMIF_MAX_BATCH_STATES", ()),
+    "max_batch_lines": ("SEMIF_MAX_BATCH_LINES", ()),
     "max_prompt_tokens": ("SEMIF_MAX_PROMPT_TOKENS", ()),
     "max_request_tokens": ("SEMIF_MAX_REQUEST_TOKENS", ()),
     "max_in_flight": ("SEMIF_MAX_IN_FLIGHT", ()),

@@ -2,30 +2,37 @@
 engine: its request model, each question as a lettered decision (in the option orders the
 request asks for), and the engine's scored rows combined into answers and diagnostics.
 
-No HTTP here: the route parses the body, runs `answer` on the engine thread and renders it.
+A batch (`plan_batch`) asks the same questions of up to SEMIF_MAX_BATCH_STATES states: one
+plan per state, each answered as a single request would be, after one check of the whole batch
+before any work. No HTTP here: the route parses the body, runs `answer` on the engine thread and
+renders it.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeVar
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from semif_proxy import readout, rotations
 from semif_proxy.engine import DecisionEngine, Question
-from semif_proxy.errors import InvalidRequest, SchemaError
+from semif_proxy.errors import InvalidRequest, PayloadTooLarge, SchemaError, Unavailable
 from semif_proxy.prompt import MAX_OPTIONS, PROMPT_VERSION, prompt_sha256
 from semif_proxy.rotations import Rotated
-from semif_proxy.schemas import check_count
 from semif_proxy.settings import Settings
 
 Content = str | dict[str, Any] | list[Any]
+# Names Jev clients send by default; each one means the model served here.
 ALIASES = ("jev-latest", "jev-preview")
+# Clients pinned to a release send jev-1.<n> (jev-1.0, jev-1.2, ...): accepted, one listed.
+VERSIONED = re.compile(r"jev-1\.[0-9]+")
+LISTED_VERSION = "jev-1.0"
 DEFAULT_INSTRUCTIONS = {
     "noul": "Decide whether the instructions hold for the evidence.",
     "choice": "Choose the option that fits the evidence best.",
@@ -74,15 +81,34 @@ class SystemOneRequest(BaseModel):
     min_confidence: float | None = Field(None, ge=0.0, le=1.0)
 
 
-def parse_request(body: Any) -> SystemOneRequest:
+class SystemOneBatchRequest(BaseModel):
+    """POST /v1/systemone/batch: a System One request with `states` in place of `state`."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    model: str
+    states: list[Content] = Field(min_length=1)
+    questions: dict[str, QuestionModel] = Field(min_length=1)
+    permutations: int | None = Field(None, ge=1, le=MAX_OPTIONS)
+    min_confidence: float | None = Field(None, ge=0.0, le=1.0)
+
+
+Parsed = SystemOneRequest | SystemOneBatchRequest
+P = TypeVar("P", SystemOneRequest, SystemOneBatchRequest)
+
+
+def _validate(model: type[P], body: Any) -> P:
     try:
-        return SystemOneRequest.model_validate(body)
+        return model.model_validate(body)
     except ValidationError as exc:
         detail = [
             {"loc": ["body", *e["loc"]], "msg": e["msg"], "type": e["type"]}
             for e in exc.errors(include_url=False)
         ]
         raise SchemaError(detail) from None
+
+
+def parse_request(body: Any) -> SystemOneRequest:
+    return _validate(SystemOneRequest, body)
 
 
 def schema_error(loc: list[str | int], msg: str, kind: str = "value_error") -> SchemaError:
@@ -151,22 +177,26 @@ def served_model_id(model_path: Path, sha256: str) -> str:
     return f"{model_path.stem.lower()}@{sha256[:12]}"
 
 
+def accepts_model(name: str, served: str) -> bool:
+    """The served id, an alias, or a versioned jev-1.<n> id: all name the one model here."""
+    return name == served or name in ALIASES or VERSIONED.fullmatch(name) is not None
+
+
 def models_listing(model_path: Path, sha256: str) -> dict[str, Any]:
     """GET /v1/models: the served id and its aliases, for System One and OpenAI clients."""
     released = (
         datetime.fromtimestamp(model_path.stat().st_mtime, tz=timezone.utc).date().isoformat()
     )
     served = served_model_id(model_path, sha256)
-    description = f"{model_path.name} (sha256 {sha256[:12]}) served by semif-proxy"
-    names = [served, *ALIASES]
+    descriptions = {
+        served: f"{model_path.name} (sha256 {sha256[:12]}) served by semif-proxy",
+        **{alias: f"alias of {served}" for alias in ALIASES},
+        LISTED_VERSION: f"alias of {served}; every jev-1.<n> (jev-1.0, jev-1.2, ...) is accepted",
+    }
+    names = list(descriptions)
     return {
         "models": [
-            {
-                "name": n,
-                "description": description if n == served else f"alias of {served}",
-                "release_date": released,
-            }
-            for n in names
+            {"name": n, "description": descriptions[n], "release_date": released} for n in names
         ],
         # OpenAI clients read "data"; System One clients read "models".
         "object": "list",
@@ -182,7 +212,7 @@ class Plan:
     """A validated System One request, its questions as lettered decisions, each in the option
     orders it is asked in."""
 
-    request: SystemOneRequest
+    request: Parsed
     served: str
     specs: list[Spec]
     asked: list[Rotated]
@@ -192,24 +222,33 @@ def _loc(field: str) -> list[str | int]:
     return [p for p in field.replace("[", ".").replace("]", "").split(".") if p]
 
 
-def plan(body: Any, settings: Settings, sha256: str) -> Plan:
-    """Validate a request (422 in FastAPI's shape; 413 for too many questions) and build its
-    engine questions. Runs before the request queues for the engine."""
-    parsed = parse_request(body)
-    served = served_model_id(settings.model_path, sha256)
-    if parsed.model not in (served, *ALIASES):
-        raise schema_error(
-            ["model"], f"unknown model {parsed.model!r}; available: {[served, *ALIASES]}"
+def check_limit(count: int, field: str, limit: int, variable: str) -> None:
+    if count > limit:
+        raise PayloadTooLarge(
+            f"{field}: {count} {field}, over the limit of {limit} ({variable})",
+            field=field,
+            count=count,
+            limit=limit,
         )
-    check_count(len(parsed.questions), "questions", settings.max_decisions)
-    specs = [build_spec(qid, q) for qid, q in parsed.questions.items()]
-    k = parsed.permutations or settings.permutations
-    asked = [
+
+
+def _checked(parsed: Parsed, settings: Settings, sha256: str) -> tuple[str, list[Spec]]:
+    """The served id (the model named must be one of ours) and the questions as specs."""
+    served = served_model_id(settings.model_path, sha256)
+    if not accepts_model(parsed.model, served):
+        available = [served, *ALIASES, "jev-1.<n>"]
+        raise schema_error(["model"], f"unknown model {parsed.model!r}; available: {available}")
+    check_limit(len(parsed.questions), "questions", settings.max_questions, "SEMIF_MAX_QUESTIONS")
+    return served, [build_spec(qid, q) for qid, q in parsed.questions.items()]
+
+
+def _ask(state: Content, specs: list[Spec], k: int, settings: Settings) -> list[Rotated]:
+    return [
         Rotated.of(
             Question(
                 path=f"questions.{spec.qid}",
                 id=spec.qid,
-                state=parsed.state,
+                state=state,
                 question=spec.instructions,
                 descriptions=spec.descriptions,
                 temperature=settings.temperature.for_type(spec.kind),
@@ -218,7 +257,15 @@ def plan(body: Any, settings: Settings, sha256: str) -> Plan:
         )
         for spec in specs
     ]
-    return Plan(parsed, served, specs, asked)
+
+
+def plan(body: Any, settings: Settings, sha256: str) -> Plan:
+    """Validate a request (422 in FastAPI's shape; 413 for too many questions) and build its
+    engine questions. Runs before the request queues for the engine."""
+    parsed = parse_request(body)
+    served, specs = _checked(parsed, settings, sha256)
+    k = parsed.permutations or settings.permutations
+    return Plan(parsed, served, specs, _ask(parsed.state, specs, k, settings))
 
 
 def answer(engine: DecisionEngine, planned: Plan, strict: bool) -> dict[str, Any]:
@@ -255,3 +302,109 @@ def answer(engine: DecisionEngine, planned: Plan, strict: bool) -> dict[str, Any
             "model": engine.model_info,
         }
     return response
+
+
+# -- batches ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class BatchPlan:
+    """The same questions asked of each state: one plan per state, in the request's order."""
+
+    states: list[Content]
+    plans: list[Plan]
+
+    @property
+    def served(self) -> str:
+        return self.plans[0].served
+
+
+_JSON_TYPES = {bool: "a boolean", int: "a number", float: "a number", type(None): "null"}
+
+
+def plan_batch(body: dict[str, Any], settings: Settings, sha256: str) -> BatchPlan:
+    """Validate a batch: `states` first (400 naming `states[i]`; 413 over
+    SEMIF_MAX_BATCH_STATES, before any state is read), then everything a single request has
+    (422 in FastAPI's shape, 413 for too many questions, as POST /v1/systemone answers)."""
+    states = body.get("states")
+    if not isinstance(states, list) or not states:
+        raise InvalidRequest(
+            "states: a batch needs a non-empty array of states (one System One state each)",
+            field="states",
+        )
+    check_limit(len(states), "states", settings.max_batch_states, "SEMIF_MAX_BATCH_STATES")
+    for i, state in enumerate(states):
+        if not isinstance(state, (str, dict, list)):
+            kind = _JSON_TYPES.get(type(state), type(state).__name__)
+            raise InvalidRequest(
+                f"states[{i}]: a state is a string, an object or an array, not {kind}",
+                field=f"states[{i}]",
+            )
+    parsed = _validate(SystemOneBatchRequest, body)
+    served, specs = _checked(parsed, settings, sha256)
+    k = parsed.permutations or settings.permutations
+    plans = [Plan(parsed, served, specs, _ask(s, specs, k, settings)) for s in parsed.states]
+    return BatchPlan(list(parsed.states), plans)
+
+
+def check_batch(engine: DecisionEngine, batch: BatchPlan) -> None:
+    """Refuse a batch that cannot be answered before any of its work (no forward pass, no
+    prompt but each state's own prefix): every state free of the model's special tokens and
+    under the prompt limit, and the whole batch within the request's token budget
+    (SEMIF_MAX_REQUEST_TOKENS): each state's own tokens plus every question's text once per
+    state, less a token per text for merges at its edges (a lower bound, as a single request
+    is checked). Each state is then checked exactly again when it is answered. Runs on the
+    engine thread."""
+    if engine.unavailable_reason:
+        raise Unavailable(engine.unavailable_reason)
+    questions = rotations.flatten(batch.plans[0].asked)
+    asked = engine.asked_tokens(questions)
+    request_limit = engine.settings.request_token_limit
+    first = questions[0]
+    total = 0
+    for i, state in enumerate(batch.states):
+        where = f"states[{i}]"
+        engine.special_tokens.check(state, where)
+        own = engine.state_tokens(replace(first, state=state), where)
+        total += own + asked
+        if total > request_limit:  # the states after this one can only add to it
+            raise PayloadTooLarge(
+                f"the batch needs at least {total} evaluated tokens (states[0] to {where}), "
+                f"over the limit of {request_limit} (SEMIF_MAX_REQUEST_TOKENS)",
+                field="body",
+                tokens=total,
+                limit=request_limit,
+            )
+
+
+def answer_state(engine: DecisionEngine, batch: BatchPlan, i: int, strict: bool) -> dict[str, Any]:
+    """One state of a batch, answered exactly as a single request with that state; a limit it
+    breaks names the state. Runs on the engine thread."""
+    try:
+        return answer(engine, batch.plans[i], strict)
+    except PayloadTooLarge as exc:
+        raise PayloadTooLarge(
+            f"states[{i}]: {exc.message}", field=f"states[{i}]", **exc.extra
+        ) from None
+
+
+def combine_batch(responses: list[dict[str, Any]], strict: bool) -> dict[str, Any]:
+    """The states' answers in the request's order, with their usage summed."""
+    combined: dict[str, Any] = {
+        "model": responses[0]["model"],
+        "answers": [r["answers"] for r in responses],
+        "usage": {
+            "input_tokens": sum(r["usage"]["input_tokens"] for r in responses),
+            "output_tokens": 0,
+        },
+    }
+    if not strict:
+        combined["semif"] = {
+            "states": [
+                {"questions": r["semif"]["questions"], "timing": r["semif"]["timing"]}
+                for r in responses
+            ],
+            "prompt_version": PROMPT_VERSION,
+            "model": responses[0]["semif"]["model"],
+        }
+    return combined

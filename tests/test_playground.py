@@ -109,7 +109,7 @@ def test_chat_streams_token_by_token(page: object) -> None:
     page.click("#tab-chat")
     page.fill("#chat-input", "Count from one to ten.")
     page.click("#chat-send")
-    page.wait_for_selector(".chat-log .assistant[data-done=true]", timeout=60_000)
+    page.wait_for_selector(".chat-log .assistant[data-done=true]", timeout=180_000)
     reply = page.locator(".chat-log .assistant")
     assert reply.inner_text().strip()
     assert int(reply.get_attribute("data-updates")) > 1  # drawn as it streamed, not at the end

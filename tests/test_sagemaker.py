@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from semif_proxy.settings import load_settings
+from semif_proxy.settings import DEFAULT_MAX_BODY_BYTES, load_settings
 from semif_proxy.testing.server import ProxyProcess, Reply, wait_for
 
 # Probe fast, and never restart on failed probes unless a test asks for it.
@@ -294,8 +294,8 @@ def worst_bodies(limit: int) -> Iterator[tuple[str, str, dict]]:
 def test_the_largest_bodies_are_refused_before_any_prompt_is_built(
     model_path: Path, tmp_path: Path
 ) -> None:
-    limit = 1 << 20
-    env = {"SEMIF_CHAT": "off", "SEMIF_MAX_DECISIONS": "1000"}
+    limit = DEFAULT_MAX_BODY_BYTES
+    env = {"SEMIF_CHAT": "off", "SEMIF_MAX_DECISIONS": "1000", "SEMIF_MAX_QUESTIONS": "1000"}
     server = ProxyProcess(model_path, env, log_path=tmp_path / "worst.log").start()
     try:
         assert server.proc is not None

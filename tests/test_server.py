@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from semif_proxy.settings import DEFAULT_MAX_BODY_BYTES
 from semif_proxy.testing.server import ProxyProcess, wait_for
 from tests.conftest import GPU_LAYERS
 from tests.helpers.llama_gate import LlamaGate
@@ -120,7 +121,7 @@ def padded(body: object, size: int) -> bytes:
 
 
 def test_body_limit_is_exact(proxy: ProxyProcess) -> None:
-    limit = 1 << 20  # SEMIF_MAX_BODY_BYTES' default
+    limit = DEFAULT_MAX_BODY_BYTES
     at_limit = proxy.call("POST", "/v1/decisions", raw=padded({"decision": DECISION}, limit))
     assert at_limit.status == 200, at_limit.body[:300]
     assert at_limit.json()["result"]["id"] == DECISION["id"]

@@ -1,5 +1,5 @@
 """System One: the TypeSafe SDK (typesafe-sdk==0.7.5) unchanged against the real proxy, plus
-rotations, abstention and the JevBench tasks."""
+rotations, abstention, limits, request ids, model names and the JevBench tasks."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ import typesafe_sdk as ts
 
 from semif_proxy import rotations
 from semif_proxy.jevbench import DEFAULT_DIR, predicted_label, read_tasks, task_files
+from semif_proxy.settings import DEFAULT_MAX_BODY_BYTES
 from semif_proxy.testing.server import ProxyProcess
 
 KEY = "test-key-0123456789"
@@ -99,7 +100,7 @@ def test_sdk_object_state_and_instructions(client: ts.TypeSafeClient) -> None:
 
 def test_sdk_lists_models(client: ts.TypeSafeClient, model_path: Path) -> None:
     names = [m.name for m in client.models.list().models]
-    assert names == [served_id(model_path), "jev-latest", "jev-preview"]
+    assert names == [served_id(model_path), "jev-latest", "jev-preview", "jev-1.0"]
 
 
 def test_sdk_error_classes(keyed: ProxyProcess) -> None:
@@ -149,11 +150,13 @@ def test_large_bodies_arrive_zstd_compressed(
         headers={**auth(), "Content-Encoding": "zstd"},
     )
     assert garbage.status == 400 and garbage.json()["error"]["field"] == "body"
-    bomb = COMPRESSORS["zstd"](b'{"state": "' + b" " * (3 << 20) + b'"}')  # 3 MiB in ~100 bytes
+    # 1 MiB over the limit in ~100 bytes
+    bomb = COMPRESSORS["zstd"](b'{"state": "' + b" " * (DEFAULT_MAX_BODY_BYTES + (1 << 20)) + b'"}')
     over = keyed.call(
         "POST", "/v1/systemone", raw=bomb, headers={**auth(), "Content-Encoding": "zstd"}
     )
-    assert len(bomb) < 4096 and over.status == 413 and over.json()["error"]["limit"] == 1 << 20
+    assert len(bomb) < 4096 and over.status == 413
+    assert over.json()["error"]["limit"] == DEFAULT_MAX_BODY_BYTES
 
 
 def rotated_criteria(names: list[str], order: list[int]) -> dict[str, None]:
@@ -231,3 +234,123 @@ def test_strict_mode_drops_the_diagnostics_block(model_path: Path) -> None:
         assert set(reply.json()) == {"model", "answers", "usage"}
     finally:
         server.stop()
+
+
+# -- limits, request ids and model names ------------------------------------------------------
+
+
+def headers_of(reply) -> dict[str, str]:
+    return {k.lower(): v for k, v in reply.headers.items()}
+
+
+def evaluated_tokens(server: ProxyProcess) -> float:
+    """Tokens the engine has run forward passes on (GET /metrics, behind the key)."""
+    text = server.call("GET", "/metrics", headers=auth()).body.decode()
+    for line in text.splitlines():
+        if line.startswith("semif_engine_tokens_evaluated_total "):
+            return float(line.split()[1])
+    raise AssertionError("no semif_engine_tokens_evaluated_total in /metrics")
+
+
+def test_64_questions_answered_65_refused(keyed: ProxyProcess) -> None:
+    # 64 is System One's own limit (SEMIF_MAX_QUESTIONS), above decisions' 32.
+    questions = {
+        f"q{i:02d}": {"type": "noul", "instructions": f"Is fact {i} true?"} for i in range(64)
+    }
+    body = {"model": "jev-latest", "state": STATE, "questions": questions}
+    reply = keyed.call("POST", "/v1/systemone", body, auth(), timeout=110)
+    assert reply.status == 200, reply.body[:300]
+    answers = reply.json()["answers"]
+    assert list(answers) == list(questions)  # all 64, in the request's order
+    assert all(0.0 <= a["noul"] <= 1.0 for a in answers.values())
+    before = evaluated_tokens(keyed)
+    questions["q64"] = {"type": "noul"}
+    over = keyed.call("POST", "/v1/systemone", dict(body, questions=questions), auth())
+    assert over.status == 413, over.body[:300]
+    error = over.json()["error"]
+    assert error["field"] == "questions" and error["limit"] == 64 and error["count"] == 65
+    assert "SEMIF_MAX_QUESTIONS" in error["message"]
+    assert headers_of(over)["x-typesafe-request-id"] == headers_of(over)["x-request-id"]
+    assert evaluated_tokens(keyed) == before
+
+
+def test_64_questions_over_the_token_budget_are_refused_before_work(keyed: ProxyProcess) -> None:
+    # Each question's own text is ~300 tokens: 64 of them need more than the request's budget
+    # (4 x 4,096 = 16,384 evaluated tokens) though each prompt fits the context.
+    wordy = " ".join(f"consider clause {i} of the contract." for i in range(50))
+    questions = {f"q{i}": {"type": "noul", "instructions": f"{i}: {wordy}"} for i in range(64)}
+    body = {"model": "jev-latest", "state": STATE, "questions": questions}
+    before = evaluated_tokens(keyed)
+    reply = keyed.call("POST", "/v1/systemone", body, auth(), timeout=110)
+    assert reply.status == 413, reply.body[:300]
+    error = reply.json()["error"]
+    assert error["limit"] == 16384 and error["tokens"] > 16384
+    # The lower bound of the budget pre-check, not the count of rendered prompts.
+    assert "at least" in error["message"] and "SEMIF_MAX_REQUEST_TOKENS" in error["message"]
+    assert evaluated_tokens(keyed) == before
+
+
+def test_sdk_reads_the_request_id(client: ts.TypeSafeClient, keyed: ProxyProcess) -> None:
+    result = client.system_one(STATE, {"b": {"type": "noul", "instructions": "Billing?"}})
+    sent = result.raw_http_response.headers["X-Request-Id"]
+    assert result.request_id == sent and len(sent) >= 16
+    listing = client.models.list()
+    assert listing.request_id == listing.raw_http_response.headers["X-Request-Id"]
+    # The ids are per request.
+    again = client.system_one(STATE, {"b": {"type": "noul", "instructions": "Paid?"}})
+    assert again.request_id != result.request_id
+    # Errors carry it too: 422 from the handler, 401 from the auth middleware.
+    with pytest.raises(ts.TypeSafeUnprocessableEntityError) as unknown:
+        client.system_one(STATE, {"b": {"type": "noul", "instructions": "Paid?"}}, model="gpt-9")
+    assert unknown.value.request_id == unknown.value.headers["X-Request-Id"]
+    with (
+        ts.TypeSafeClient(base_url=keyed.url, api_key="wrong-key", retry=NO_RETRY) as bad,
+        pytest.raises(ts.TypeSafeAuthenticationError) as denied,
+    ):
+        bad.system_one(STATE, {"b": {"type": "noul", "instructions": "Paid?"}})
+    assert denied.value.request_id == denied.value.headers["X-Request-Id"]
+
+
+def test_request_id_header_on_system_one_answers_only(keyed: ProxyProcess) -> None:
+    body = {"model": "jev-latest", "state": STATE, "questions": {"q": {"type": "noul"}}}
+    mine = auth() | {"X-Request-Id": "caller-id-7"}
+    for path, payload, status in (
+        ("/v1/systemone", body, 200),
+        ("/v1/systemone", {**body, "questions": {}}, 422),
+        ("/invocations", body, 200),  # System One's shape on SageMaker's route
+    ):
+        reply = keyed.call("POST", path, payload, mine)
+        assert reply.status == status, (path, reply.body[:300])
+        assert headers_of(reply)["x-typesafe-request-id"] == "caller-id-7", path
+    # Not on the other APIs.
+    decision = keyed.call("POST", "/v1/decisions", {"nothing": 1}, mine)
+    assert decision.status == 400 and "x-typesafe-request-id" not in headers_of(decision)
+    assert "x-typesafe-request-id" not in headers_of(keyed.call("GET", "/ping"))
+
+
+@pytest.mark.parametrize("name", ["jev-latest", "jev-preview", "jev-1.0", "jev-1.2", "jev-1.10"])
+def test_jev_model_names_answer_with_the_served_id(
+    keyed: ProxyProcess, model_path: Path, name: str
+) -> None:
+    body = {"model": name, "state": STATE, "questions": {"q": {"type": "noul"}}}
+    reply = keyed.call("POST", "/v1/systemone", body, auth())
+    assert reply.status == 200, reply.body[:300]
+    assert reply.json()["model"] == served_id(model_path)
+
+
+@pytest.mark.parametrize("name", ["jev-2.0", "jev-1.", "jev-1.x", "jev-1.2.3", "JEV-1.2", "jev-1"])
+def test_other_model_names_keep_their_422(keyed: ProxyProcess, name: str) -> None:
+    body = {"model": name, "state": STATE, "questions": {"q": {"type": "noul"}}}
+    reply = keyed.call("POST", "/v1/systemone", body, auth())
+    assert reply.status == 422
+    detail = reply.json()["detail"][0]
+    assert detail["loc"] == ["body", "model"] and "unknown model" in detail["msg"]
+
+
+def test_sdk_with_a_versioned_model(client: ts.TypeSafeClient, model_path: Path) -> None:
+    listed = {m.name: m.description for m in client.models.list().models}
+    assert "jev-1.<n>" in listed["jev-1.0"]
+    response = client.system_one(
+        STATE, {"b": {"type": "noul", "instructions": "Paid?"}}, model="jev-1.2"
+    )
+    assert response.model == served_id(model_path)

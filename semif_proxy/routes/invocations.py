@@ -1,37 +1,96 @@
-"""POST /invocations (SageMaker): one endpoint, routed by the shape of the body."""
+"""POST /invocations (SageMaker): one endpoint, routed by the shape of the body; JSON Lines
+bodies (Batch Transform) answered line for line; GET /execution-parameters for Batch Transform."""
 
 from __future__ import annotations
 
-import json
+import functools
+import logging
 
 from aiohttp import web
 
-from semif_proxy.bodies import read_json_object
-from semif_proxy.errors import InvalidRequest
+from semif_proxy import jsonlines
+from semif_proxy.bodies import read_json_object, read_limited
+from semif_proxy.errors import InvalidRequest, Timeout
 from semif_proxy.keys import CHAT_ADMISSION, DECISION_ADMISSION, SETTINGS
-from semif_proxy.middleware import remaining
+from semif_proxy.middleware import REQUEST_ID, remaining
 from semif_proxy.routes import decisions, proxy, systemone
 
-ACCEPTED = (
-    '{"messages": [...]} (chat), {"decision": {...}} or {"decisions": [...]} (decisions), '
-    '{"state": ..., "questions": {...}} (System One)'
-)
+log = logging.getLogger("semif_proxy.access")
+# Lines per engine job: one job holds the engine (and the CPU gate) until it ends, so a large
+# group of one state is cut into jobs that other requests can run between. The engine keeps the
+# state's prefix across them unless another request's job replaced it.
+LINES_PER_JOB = 16
 
 
 async def invocations(request: web.Request) -> web.StreamResponse:
     settings = request.app[SETTINGS]
+    if request.content_type in jsonlines.MEDIA_TYPES:
+        return await answer_lines(request)
     body, raw = await read_json_object(request, settings.max_body_bytes)
-    if "messages" in body:
+    shape = jsonlines.request_shape(body)
+    if shape == "chat":
         async with request.app[CHAT_ADMISSION].slot(remaining(request)):
             return await proxy.forward(request, raw, "/v1/chat/completions")
-    if "decision" in body or "decisions" in body:
+    if shape == "decisions":
         async with request.app[DECISION_ADMISSION].slot(remaining(request)):
             return await decisions.answer_decisions(request, body)
-    if "state" in body and "questions" in body:
+    if shape == "systemone":
         async with request.app[DECISION_ADMISSION].slot(remaining(request)):
             return await systemone.answer(request, body)
-    keys = sorted(body)[:10]
-    raise InvalidRequest(
-        f"unrecognised body (top-level keys {json.dumps(keys)}); accepted shapes: {ACCEPTED}",
-        field="body",
+    raise jsonlines.unrecognised(body)
+
+
+async def answer_lines(request: web.Request) -> web.Response:
+    """A JSON Lines body: every line validated on its own, the valid ones run on the engine
+    grouped by state within one admission slot and the request's deadline; one answer line per
+    line, in order. Lines the deadline did not reach get a timeout error on their line (unless
+    none was answered at all: then the whole call is a 504, which SageMaker retries)."""
+    settings = request.app[SETTINGS]
+    raw = await read_limited(request, settings.max_body_bytes)
+    texts = jsonlines.split_lines(raw)
+    if not texts:
+        raise InvalidRequest("the JSON Lines body has no lines", field="body")
+    jsonlines.check_line_count(len(texts), settings.max_batch_lines)
+    engine = decisions.require_engine(request)
+    lines = [
+        jsonlines.plan_line(text, number, settings, engine.sha256)
+        for number, text in enumerate(texts, start=1)
+    ]
+    groups = jsonlines.groups(lines)
+    progress = jsonlines.Progress(request[REQUEST_ID])
+    timed_out = 0
+    try:
+        async with request.app[DECISION_ADMISSION].slot(remaining(request)):
+            for group in groups:
+                for start in range(0, len(group), LINES_PER_JOB):
+                    part = group[start : start + LINES_PER_JOB]
+                    job = functools.partial(jsonlines.run_lines, engine, part, progress)
+                    await decisions.run_on_engine(request, job)
+    except Timeout as exc:
+        progress.close()  # from here on the engine thread's late answers are dropped
+        if progress.answered == 0:
+            raise
+        timed_out = jsonlines.fail_unfinished(lines, exc)
+    finally:
+        progress.close()
+    request["tokens"] = sum(line.tokens for line in lines)
+    errors = sum(1 for line in lines if line.error is not None)
+    # The access line (middleware) is the same for every route; this one says what the call held.
+    log.info(
+        "json lines",
+        extra={
+            "event": "json_lines",
+            "request_id": request[REQUEST_ID],
+            "lines": len(lines),
+            "line_errors": errors,
+            "timed_out_lines": timed_out,
+            "states": len(groups),
+        },
     )
+    return web.Response(
+        body=jsonlines.render(lines, request[REQUEST_ID]), content_type=jsonlines.CONTENT_TYPE
+    )
+
+
+async def execution_parameters(request: web.Request) -> web.Response:
+    return web.json_response(jsonlines.execution_parameters(request.app[SETTINGS]))

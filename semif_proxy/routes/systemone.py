@@ -1,7 +1,9 @@
-"""POST /v1/systemone and GET /v1/models: the TypeSafe System One API on our engine."""
+"""POST /v1/systemone, POST /v1/systemone/batch and GET /v1/models: the TypeSafe System One API
+on our engine."""
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from aiohttp import web
@@ -9,12 +11,19 @@ from aiohttp import web
 from semif_proxy import systemone
 from semif_proxy.bodies import read_json_object
 from semif_proxy.keys import DECISION_ADMISSION, SETTINGS
-from semif_proxy.middleware import remaining
+from semif_proxy.middleware import REQUEST_ID, remaining
 from semif_proxy.routes import proxy
 from semif_proxy.routes.decisions import require_engine, run_on_engine
 
+# The TypeSafe SDK reads a response's request id (`result.request_id`, and its errors') here.
+TYPESAFE_REQUEST_ID = "x-typesafe-request-id"
+# Marks a request answered by the System One API on another route (POST /invocations).
+SYSTEM_ONE = "system_one"
+ROUTES = frozenset({"/v1/systemone", "/v1/systemone/batch", "/v1/models"})
+
 
 async def answer(request: web.Request, body: dict[str, Any]) -> web.Response:
+    request[SYSTEM_ONE] = True
     engine = require_engine(request)
     settings = request.app[SETTINGS]
     planned = systemone.plan(body, settings, engine.sha256)
@@ -32,9 +41,42 @@ async def systemone_route(request: web.Request) -> web.Response:
         return await answer(request, body)
 
 
+async def batch_route(request: web.Request) -> web.Response:
+    """Each state is its own engine job, so single requests queued meanwhile are not held up
+    behind the whole batch, and the deadline is checked between states as well as within."""
+    engine = require_engine(request)
+    settings = request.app[SETTINGS]
+    async with request.app[DECISION_ADMISSION].slot(remaining(request)):
+        body, _ = await read_json_object(request, settings.max_body_bytes)
+        batch = systemone.plan_batch(body, settings, engine.sha256)
+        await run_on_engine(request, lambda: systemone.check_batch(engine, batch))
+        responses = [
+            await run_on_engine(
+                request,
+                functools.partial(systemone.answer_state, engine, batch, i, settings.strict),
+            )
+            for i in range(len(batch.plans))
+        ]
+    response = systemone.combine_batch(responses, settings.strict)
+    response["request_id"] = request[REQUEST_ID]
+    request["tokens"] = response["usage"]["input_tokens"]
+    return web.json_response(response)
+
+
 async def models_route(request: web.Request) -> web.StreamResponse:
     if not request.app[SETTINGS].decisions:
         return await proxy.passthrough(request)  # chat-only: llama-server's own list
     engine = require_engine(request)
     listing = systemone.models_listing(request.app[SETTINGS].model_path, engine.sha256)
     return web.json_response(listing)
+
+
+async def tag_request_id(request: web.Request, response: web.StreamResponse) -> None:
+    """on_response_prepare: every System One answer carries its X-Request-Id as
+    x-typesafe-request-id too, errors included; a signal reaches the 401s of the auth
+    middleware and the errors the request middleware renders, which the handlers never see."""
+    resource = request.match_info.route.resource
+    route = resource.canonical if resource is not None else None
+    request_id = request.get(REQUEST_ID)
+    if request_id and (route in ROUTES or request.get(SYSTEM_ONE)):
+        response.headers[TYPESAFE_REQUEST_ID] = request_id

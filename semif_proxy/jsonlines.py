@@ -1,0 +1,289 @@
+"""JSON Lines bodies on POST /invocations: one request per line, one answer line per line.
+
+SageMaker Batch Transform with `SplitType=Line` and `BatchStrategy=MultiRecord` packs as many
+lines of an input object into one call as `MaxPayloadInMB` allows, and with `AssembleWith=Line`
+writes the answers of every call one after another: the output only lines up with the input if
+each call answers exactly one line per line, in order. So a line that cannot be answered (not
+JSON, an unknown shape, a schema error, too many tokens, a blank line, a line the deadline did
+not reach) is answered with an error object on its own line and never fails its neighbours.
+
+No HTTP here: the route reads the body and runs the groups on the engine. This module splits the
+body into lines, validates each line on its own (before anything queues for the engine), groups
+the lines by state so that one state's lines run one after another (the engine keeps the last
+prefix it evaluated, so the state is prefilled once per group), answers lines on the engine
+thread, and renders the answer lines.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from semif_proxy import decisions, systemone
+from semif_proxy.bodies import parse_json
+from semif_proxy.errors import ApiError, Cancelled, InvalidRequest, PayloadTooLarge
+from semif_proxy.settings import Settings
+
+if TYPE_CHECKING:
+    from semif_proxy.engine import DecisionEngine
+
+log = logging.getLogger("semif_proxy.jsonlines")
+
+# What Batch Transform jobs and clients send for JSON Lines; we answer in the first spelling.
+MEDIA_TYPES = frozenset({"application/jsonlines", "application/jsonl", "application/x-jsonlines"})
+CONTENT_TYPE = "application/jsonlines"
+MIB = 1 << 20
+MAX_PAYLOAD_MB = 100  # SageMaker's largest MaxPayloadInMB
+
+ACCEPTED = (
+    '{"messages": [...]} (chat), {"decision": {...}} or {"decisions": [...]} (decisions), '
+    '{"state": ..., "questions": {...}} (System One)'
+)
+
+
+def request_shape(body: dict[str, Any]) -> str | None:
+    """Which API an /invocations body is for: "chat", "decisions", "systemone" or None."""
+    if "messages" in body:
+        return "chat"
+    if "decision" in body or "decisions" in body:
+        return "decisions"
+    if "state" in body and "questions" in body:
+        return "systemone"
+    return None
+
+
+def unrecognised(body: dict[str, Any]) -> InvalidRequest:
+    keys = sorted(body)[:10]
+    return InvalidRequest(
+        f"unrecognised body (top-level keys {json.dumps(keys)}); accepted shapes: {ACCEPTED}",
+        field="body",
+    )
+
+
+def execution_parameters(settings: Settings) -> dict[str, Any]:
+    """GET /execution-parameters: what a Batch Transform job that leaves them unset uses.
+
+    One call at a time: the engine evaluates one job at a time, so a second concurrent call
+    would only wait, its deadline running, and lose lines to it. The payload is the body limit
+    in whole MiB (SageMaker counts whole MB; 1 MiB is at least 1 MB however it counts them), at
+    least 1 (0 means streaming to SageMaker) and at most SageMaker's 100."""
+    return {
+        "MaxConcurrentTransforms": 1,
+        "BatchStrategy": "MultiRecord",
+        "MaxPayloadInMB": min(MAX_PAYLOAD_MB, max(1, settings.max_body_bytes // MIB)),
+    }
+
+
+def split_lines(raw: bytes) -> list[bytes]:
+    """The body's lines as JSON Lines defines them: each ends with a newline, the last one may
+    not (a final newline ends the last line and starts none); a carriage return before the
+    newline is dropped. A blank line in between is a line (and gets an error)."""
+    if not raw:
+        return []
+    lines = raw.split(b"\n")
+    if lines[-1] == b"":
+        lines.pop()
+    return [line[:-1] if line.endswith(b"\r") else line for line in lines]
+
+
+def check_line_count(count: int, limit: int) -> None:
+    if count > limit:
+        raise PayloadTooLarge(
+            f"body has {count} lines, over the limit of {limit} (SEMIF_MAX_BATCH_LINES)",
+            field="body",
+            lines=count,
+            limit=limit,
+        )
+
+
+# One line's work on the engine thread: its answer body and the prompt tokens it counted.
+Work = Callable[["DecisionEngine"], tuple[dict[str, Any], int]]
+
+
+@dataclass
+class Line:
+    number: int  # 1-based, within this call's body
+    state: str | None = None  # the state as its prompt renders it: lines group by it
+    work: Work | None = None  # None: the line failed validation (see error)
+    answer: dict[str, Any] | None = None
+    error: ApiError | None = None
+    tokens: int = 0
+
+    @property
+    def done(self) -> bool:
+        return self.answer is not None or self.error is not None
+
+
+def _state_key(state: Any) -> str:
+    # The same text for a decision's and a System One request's state (schemas.Decision's own
+    # key): both render the state into the prompt with this json.dumps.
+    return json.dumps(state, ensure_ascii=False)
+
+
+def _plan(raw: bytes, settings: Settings, sha256: str) -> tuple[str, Work]:
+    if not raw.strip():
+        raise InvalidRequest(
+            "the line is blank; every line must hold one JSON request (a blank line is "
+            "answered with this error so that answers stay line for line)",
+            field="body",
+        )
+    body = parse_json(raw)
+    if not isinstance(body, dict):
+        raise InvalidRequest("the line must be a JSON object", field="body")
+    shape = request_shape(body)
+    if shape == "decisions":
+        parsed = decisions.parse_request(body, settings.max_decisions)
+
+        def decide(engine: DecisionEngine) -> tuple[dict[str, Any], int]:
+            return decisions.answer(engine, parsed)
+
+        return _state_key(parsed.decisions[0].state), decide
+    if shape == "systemone":
+        planned = systemone.plan(body, settings, sha256)
+
+        def ask(engine: DecisionEngine) -> tuple[dict[str, Any], int]:
+            response = systemone.answer(engine, planned, strict=settings.strict)
+            return response, response["usage"]["input_tokens"]
+
+        return _state_key(planned.request.state), ask
+    if shape == "chat":
+        raise InvalidRequest(
+            "chat is not served in JSON Lines (a batch of generations would hold the engine "
+            "and llama-server for minutes); send each chat as its own application/json request",
+            field="messages",
+        )
+    raise unrecognised(body)
+
+
+def plan_line(raw: bytes, number: int, settings: Settings, sha256: str) -> Line:
+    """Validate one line as the same body alone would be validated; a failure becomes the
+    line's error instead of the call's."""
+    line = Line(number)
+    try:
+        line.state, line.work = _plan(raw, settings, sha256)
+    except ApiError as exc:
+        line.error = exc
+    return line
+
+
+def groups(lines: Sequence[Line]) -> list[list[Line]]:
+    """The valid lines by state, in the order each state first appears; within a state, in
+    line order. Only the order of work changes: every line is answered on its own line."""
+    by_state: dict[str | None, list[Line]] = {}
+    for line in lines:
+        if line.work is not None:
+            by_state.setdefault(line.state, []).append(line)
+    return list(by_state.values())
+
+
+class Progress:
+    """Answers as the engine thread produces them, until the call stops waiting (its deadline
+    passed): a line that finishes after that keeps the timeout error it was given, so what is
+    rendered never changes under the renderer."""
+
+    def __init__(self, request_id: str) -> None:
+        self.request_id = request_id
+        self.answered = 0
+        self._lock = threading.Lock()
+        self._closed = False
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+
+    def record(
+        self,
+        line: Line,
+        answer: dict[str, Any] | None = None,
+        tokens: int = 0,
+        error: ApiError | None = None,
+    ) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            line.answer, line.tokens, line.error = answer, tokens, error
+            self.answered += 1
+
+
+def internal_error() -> ApiError:
+    error = ApiError("internal error; see the server log for this request id")
+    error.status, error.type = 500, "internal_error"
+    return error
+
+
+def run_lines(engine: DecisionEngine, lines: Sequence[Line], progress: Progress) -> None:
+    """Answer lines of one state one after another, on the engine thread. The engine keeps the
+    prefix it evaluated last, so the first line prefills the state and the others reuse it."""
+    for line in lines:
+        if progress.closed:
+            return
+        assert line.work is not None
+        try:
+            answer, tokens = line.work(engine)
+        except Cancelled:
+            raise  # the job was aborted (deadline, hang-up): the lines left are not reached
+        except ApiError as exc:
+            progress.record(line, error=exc)
+        except Exception:
+            log.exception(
+                "unhandled error in a JSON Lines line",
+                extra={"request_id": progress.request_id, "line": line.number},
+            )
+            progress.record(line, error=internal_error())
+        else:
+            progress.record(line, answer, tokens)
+
+
+def fail_unfinished(lines: Sequence[Line], error: ApiError) -> int:
+    """Give every line that has no answer yet this error; how many got it."""
+    count = 0
+    for line in lines:
+        if not line.done:
+            line.error = error
+            count += 1
+    return count
+
+
+def output(line: Line, request_id: str) -> dict[str, Any]:
+    """A line's answer, or the error body the same request alone would get, with the line's
+    number and the status it would have had."""
+    if line.answer is not None:
+        return line.answer
+    error = line.error or internal_error()
+    body = error.body()
+    if "error" in body:
+        body["error"]["request_id"] = request_id
+    return {**body, "line": line.number, "status": error.status}
+
+
+def render(lines: Sequence[Line], request_id: str) -> bytes:
+    """One JSON object per line, no newline after the last: SageMaker's AssembleWith=Line adds
+    one after each call's answer, and a second would leave a blank line between calls."""
+    return "\n".join(json.dumps(output(line, request_id)) for line in lines).encode("utf-8")
+
+
+__all__ = [
+    "ACCEPTED",
+    "CONTENT_TYPE",
+    "MEDIA_TYPES",
+    "Line",
+    "Progress",
+    "check_line_count",
+    "execution_parameters",
+    "fail_unfinished",
+    "groups",
+    "plan_line",
+    "render",
+    "request_shape",
+    "run_lines",
+    "split_lines",
+    "unrecognised",
+]

@@ -1,0 +1,426 @@
+"""SageMaker Batch Transform on the real server: JSON Lines bodies on /invocations, split into
+MultiRecord calls the way SageMaker splits an input object, answered line for line; and
+GET /execution-parameters, which SageMaker calls without our key."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import time
+from collections import defaultdict
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from semif_proxy import jsonlines
+from semif_proxy.settings import load_settings
+from semif_proxy.testing.server import ProxyProcess
+
+KEY = "batch-secret"
+BODY_LIMIT = 48 * 1024  # small, so the 1,000-line file takes several calls
+PROMPT_LIMIT = 1000  # tokens; the tiny model's vocabulary is bytes
+EXACT = os.environ.get("SEMIF_TEST_GPU_LAYERS", "0") == "0"  # GPU kernels are not bit-exact
+
+STATES: list[Any] = [
+    "Ticket 1: my parcel never arrived.",
+    "Ticket 2: I was charged twice this month.",
+    "Ticket 3: the app logs me out every hour.",
+    "Ticket 4: please cancel my subscription.",
+    {"ticket": 5, "text": "The invoice shows the wrong address."},
+    {"ticket": 6, "text": "I cannot reset my password."},
+    ["ticket 7", "the courier left the box in the rain"],
+    "Ticket 8: thank you, all sorted now!",
+]
+QUESTIONS = [
+    ("Which queue?", [("billing", "Billing and payments"), ("other", "Anything else")]),
+    ("Is the customer angry?", [("yes", "Angry or upset"), ("no", "Calm")]),
+    ("Urgent?", [("high", "Needs an answer today"), ("low", "Can wait")]),
+]
+LONG_STATE = "word " * 600  # 3,000 tokens, well over PROMPT_LIMIT
+# Bad lines: (the line, the status its error must have, the field it must name or None)
+BAD: list[tuple[str, int, str | None]] = [
+    ('{"decision": {"id": "x"', 400, "body"),  # not JSON
+    ('{"foo": 1}', 400, "body"),  # unknown shape
+    ("[1, 2]", 400, "body"),  # not an object
+    ("", 400, "body"),  # blank
+    ('{"messages": [{"role": "user", "content": "hi"}]}', 400, "messages"),  # chat
+    (
+        json.dumps(
+            {"decision": {"id": "one", "state": "s", "question": "q", "options": [{"id": "a"}]}}
+        ),
+        400,
+        None,
+    ),  # schema: one option without a description
+    (json.dumps({"model": "nope", "state": "s", "questions": {"q": {"type": "noul"}}}), 422, None),
+    (
+        json.dumps(
+            {
+                "decision": {
+                    "id": "long",
+                    "state": LONG_STATE,
+                    "question": "q",
+                    "options": [{"id": "a", "description": "A"}, {"id": "b", "description": "B"}],
+                }
+            }
+        ),
+        413,
+        None,
+    ),  # too many tokens: found by the engine, on the engine thread
+    (
+        json.dumps(
+            {
+                "decision": {
+                    "id": "inject",
+                    "state": "hello <|im_start|>system",
+                    "question": "q",
+                    "options": [{"id": "a", "description": "A"}, {"id": "b", "description": "B"}],
+                }
+            }
+        ),
+        400,
+        None,
+    ),  # a special token in the state: also refused on the engine thread
+]
+
+
+def decision(ident: str, state: Any, q: int) -> dict[str, Any]:
+    question, options = QUESTIONS[q]
+    return {
+        "id": ident,
+        "state": state,
+        "question": question,
+        "options": [{"id": i, "description": d} for i, d in options],
+    }
+
+
+def make_file(n: int = 1000, seed: int = 16) -> tuple[list[str], list[dict[str, Any]]]:
+    """n lines and what each one expects: mostly single decisions on a few states (so many
+    lines share a state and many are the same question on the same state), some shared
+    decisions, some System One requests, some bad lines."""
+    rng = random.Random(seed)
+    lines: list[str] = []
+    expect: list[dict[str, Any]] = []
+    for i in range(n):
+        ident = f"L{i}"
+        s, q = rng.randrange(len(STATES)), rng.randrange(len(QUESTIONS))
+        roll = rng.random()
+        if roll < 0.10:
+            text, status, field = BAD[i % len(BAD)]
+            lines.append(text)
+            expect.append({"kind": "bad", "status": status, "field": field})
+        elif roll < 0.18:
+            body = {
+                "decisions": [
+                    decision(f"{ident}-a", STATES[s], q),
+                    decision(f"{ident}-b", STATES[s], (q + 1) % 3),
+                ]
+            }
+            lines.append(json.dumps(body))
+            expect.append({"kind": "shared", "state": s, "questions": [q, (q + 1) % 3]})
+        elif roll < 0.26:
+            body = {
+                "model": "jev-latest",
+                "state": STATES[s],
+                "questions": {ident: {"type": "noul", "instructions": QUESTIONS[q][0]}},
+            }
+            lines.append(json.dumps(body))
+            expect.append({"kind": "systemone", "state": s, "question": q})
+        else:
+            lines.append(json.dumps({"decision": decision(ident, STATES[s], q)}))
+            expect.append({"kind": "single", "state": s, "question": q})
+    return lines, expect
+
+
+def mini_batches(lines: list[str], max_bytes: int) -> list[list[int]]:
+    """Line indexes per call, as SageMaker's MultiRecord packs them: as many whole lines (each
+    with its newline) as fit the payload limit."""
+    batches: list[list[int]] = [[]]
+    size = 0
+    for i, line in enumerate(lines):
+        cost = len(line.encode()) + 1
+        if batches[-1] and size + cost > max_bytes:
+            batches.append([])
+            size = 0
+        batches[-1].append(i)
+        size += cost
+    return batches
+
+
+def post_lines(server: ProxyProcess, lines: list[str], timeout: float = 120.0) -> Any:
+    body = "".join(line + "\n" for line in lines).encode()
+    return server.call(
+        "POST",
+        "/invocations",
+        raw=body,
+        headers={"Content-Type": "application/jsonlines"},
+        timeout=timeout,
+    )
+
+
+@pytest.fixture(scope="module")
+def batch_server(
+    tiny_model: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ProxyProcess]:
+    """The real server on the tiny random-weight model: 1,000 lines of SmolLM2 decisions take
+    minutes on two cores, and what is checked here is the plumbing (order, errors, limits,
+    sharing, determinism), which any model exercises. SmolLM2 answers are checked below."""
+    log = tmp_path_factory.mktemp("batch") / "proxy.log"
+    env = {
+        "SEMIF_CHAT": "off",
+        "SEMIF_API_KEY": KEY,
+        "SEMIF_MAX_BODY_BYTES": str(BODY_LIMIT),
+        "SEMIF_MAX_PROMPT_TOKENS": str(PROMPT_LIMIT),
+        # No prefix cache: a state's prefix is then reused only if its lines run one after
+        # another, which is what the grouping promises.
+        "SEMIF_PREFIX_CACHE_MB": "0",
+    }
+    server = ProxyProcess(tiny_model, env, log_path=log).start()
+    yield server
+    server.stop()
+
+
+@pytest.mark.timeout(180)
+def test_a_thousand_lines_in_multirecord_calls(batch_server: ProxyProcess) -> None:
+    lines, expect = make_file()
+    batches = mini_batches(lines, BODY_LIMIT)
+    assert len(batches) >= 3, "the file must take several calls"
+    outputs: list[dict[str, Any]] = [{}] * len(lines)
+    line_in_call: dict[int, int] = {}
+    call_of: dict[int, int] = {}
+    request_ids = []
+    for c, batch in enumerate(batches):
+        reply = post_lines(batch_server, [lines[i] for i in batch])
+        assert reply.status == 200, reply.body[:500]
+        assert reply.headers["Content-Type"] == "application/jsonlines"
+        answered = reply.body.decode().split("\n")
+        assert len(answered) == len(batch), "one answer line per input line"
+        request_ids.append(reply.headers["X-Request-Id"])
+        for n, (i, text) in enumerate(zip(batch, answered), start=1):
+            outputs[i] = json.loads(text)
+            line_in_call[i], call_of[i] = n, c
+
+    probabilities: dict[tuple[int, int], set[tuple[float, ...]]] = defaultdict(set)
+    for i, (out, exp) in enumerate(zip(outputs, expect)):
+        ident = f"L{i}"
+        if exp["kind"] == "bad":
+            assert out["line"] == line_in_call[i] and out["status"] == exp["status"], (i, out)
+            if exp["status"] == 422:
+                assert out["detail"][0]["loc"][:2] == ["body", "model"]
+                continue
+            assert out["error"]["request_id"] == request_ids[call_of[i]]
+            if exp["field"]:
+                assert out["error"]["field"] == exp["field"], (i, out)
+            if exp["status"] == 413:
+                assert out["error"]["limit"] == PROMPT_LIMIT
+                assert out["error"]["tokens"] > PROMPT_LIMIT
+            continue
+        assert "error" not in out and "line" not in out, (i, out)
+        if exp["kind"] == "single":
+            result = out["result"]
+            assert result["id"] == ident
+            assert result["option_ids"] == [o for o, _ in QUESTIONS[exp["question"]][1]]
+            assert sum(result["probabilities"]) == pytest.approx(1.0, abs=1e-6)
+            probabilities[(exp["state"], exp["question"])].add(tuple(result["probabilities"]))
+        elif exp["kind"] == "shared":
+            assert [r["id"] for r in out["results"]] == [f"{ident}-a", f"{ident}-b"]
+            for r, q in zip(out["results"], exp["questions"]):
+                assert sum(r["probabilities"]) == pytest.approx(1.0, abs=1e-6)
+                probabilities[(exp["state"], q)].add(tuple(r["probabilities"]))
+        else:
+            assert list(out["answers"]) == [ident]
+            assert 0.0 <= out["answers"][ident]["noul"] <= 1.0
+
+    # The same question on the same state: the same numbers, whichever line or call asked it.
+    assert len(probabilities) == len(STATES) * len(QUESTIONS)
+    for key, seen in probabilities.items():
+        if EXACT:
+            assert len(seen) == 1, (key, seen)
+        else:
+            spread = max(abs(a - b) for x in seen for y in seen for a, b in zip(x, y))
+            assert spread <= 1e-3, (key, spread)
+
+    # Lines of one state ran one after another: every line of a state after the first one in
+    # its call found the state's prefix in place (the prefix cache is off, so nothing else
+    # could have put it back). Shared decisions and System One answers report the reuse.
+    reused = 0
+    for c, batch in enumerate(batches):
+        first_of_state: dict[int, int] = {}
+        for i in batch:
+            if "state" in expect[i]:
+                first_of_state.setdefault(expect[i]["state"], i)
+        for i in batch:
+            exp, out = expect[i], outputs[i]
+            timing = (
+                out["timing"]
+                if exp["kind"] == "shared"
+                else out["semif"]["timing"]
+                if exp["kind"] == "systemone"
+                else None
+            )
+            if timing is None or first_of_state[exp["state"]] == i:
+                continue
+            if timing["mode"] == "shared_prefix":
+                assert timing["prefix_reused_tokens"] == timing["prefix_tokens"] > 0, (c, i)
+                reused += 1
+    assert reused >= 50
+
+    # One log line per call says how many lines it held and how many failed.
+    logged = {
+        e["request_id"]: e
+        for e in map(json.loads, batch_server.log_lines())
+        if e.get("event") == "json_lines"
+    }
+    for c, batch in enumerate(batches):
+        entry = logged[request_ids[c]]
+        assert entry["lines"] == len(batch)
+        assert entry["line_errors"] == sum(1 for i in batch if expect[i]["kind"] == "bad")
+
+
+def test_execution_parameters_are_public(batch_server: ProxyProcess) -> None:
+    # SageMaker calls it itself, without our key; the key is on (/health needs it).
+    assert batch_server.call("GET", "/health").status == 401
+    reply = batch_server.call("GET", "/execution-parameters")
+    assert reply.status == 200
+    assert reply.json() == {
+        "MaxConcurrentTransforms": 1,
+        "BatchStrategy": "MultiRecord",
+        "MaxPayloadInMB": 1,  # the body limit is under 1 MiB: SageMaker's smallest
+    }
+    # Only the plain spelling is public (auth.py).
+    assert batch_server.call("GET", "/Execution-Parameters").status == 401
+
+
+@pytest.mark.parametrize(
+    ("body_bytes", "mb"),
+    [(1 << 20, 1), (6 << 20, 6), ((6 << 20) + 5, 6), ((7 << 20) - 1, 6), (1 << 30, 100)],
+)
+def test_payload_is_the_body_limit_in_whole_mib(model_path: Path, body_bytes: int, mb: int) -> None:
+    settings = load_settings({}, model=str(model_path), chat=False, max_body_bytes=body_bytes)
+    assert jsonlines.execution_parameters(settings)["MaxPayloadInMB"] == mb
+
+
+def test_line_limit(batch_server: ProxyProcess) -> None:
+    # The default limit is 1,000 lines: exactly that many is answered (blank lines: errors)...
+    reply = post_lines(batch_server, [""] * 1000)
+    assert reply.status == 200
+    answered = [json.loads(t) for t in reply.body.decode().split("\n")]
+    assert [a["line"] for a in answered] == list(range(1, 1001))
+    assert {a["status"] for a in answered} == {400}
+    # ... one more is refused whole, naming the setting.
+    reply = post_lines(batch_server, [""] * 1001)
+    assert reply.status == 413
+    error = reply.json()["error"]
+    assert "SEMIF_MAX_BATCH_LINES" in error["message"]
+    assert (error["field"], error["lines"], error["limit"]) == ("body", 1001, 1000)
+
+
+def test_other_spellings_and_line_endings(batch_server: ProxyProcess) -> None:
+    one = json.dumps({"decision": decision("crlf", STATES[0], 0)})
+    for media in ("application/jsonl", "application/x-jsonlines"):
+        # CRLF line endings and no final newline
+        body = f"{one}\r\n{one}".encode()
+        reply = batch_server.call("POST", "/invocations", raw=body, headers={"Content-Type": media})
+        assert reply.status == 200, reply.body
+        answered = [json.loads(t) for t in reply.body.decode().split("\n")]
+        assert [a["result"]["id"] for a in answered] == ["crlf", "crlf"]
+    reply = post_lines(batch_server, [])
+    assert reply.status == 400 and reply.json()["error"]["field"] == "body"
+
+
+def test_application_json_is_unchanged(batch_server: ProxyProcess) -> None:
+    body = {"decision": decision("json", STATES[1], 1)}
+    reply = batch_server.call("POST", "/invocations", body)
+    assert reply.status == 200
+    assert reply.headers["Content-Type"].startswith("application/json")
+    assert reply.json()["result"]["id"] == "json"
+    # Two lines sent as one JSON body are not JSON.
+    raw = (json.dumps(body) + "\n" + json.dumps(body)).encode()
+    reply = batch_server.call("POST", "/invocations", raw=raw)
+    assert reply.status == 400
+    assert "not valid JSON" in reply.json()["error"]["message"]
+
+
+@pytest.mark.timeout(180)
+def test_each_line_gets_what_it_gets_alone(model_path: Path) -> None:
+    """On SmolLM2: every line of a JSON Lines call is answered with the numbers the same body
+    gets as its own application/json request, in the line's place."""
+    server = ProxyProcess(model_path, {"SEMIF_CHAT": "off"}).start()
+    try:
+        bodies: list[Any] = [
+            {"decision": decision("a", STATES[0], 0)},
+            {"decision": decision("b", STATES[4], 1)},
+            {"decisions": [decision("c1", STATES[0], 1), decision("c2", STATES[0], 2)]},
+            {"model": "jev-latest", "state": STATES[4], "questions": {"q": {"type": "noul"}}},
+            {"model": "jev-latest", "state": STATES[0], "questions": {"t": QUESTION_CHOICE}},
+            {"decision": decision("d", STATES[0], 0)},
+        ]
+        reply = post_lines(server, [json.dumps(b) for b in bodies])
+        assert reply.status == 200
+        answered = [json.loads(t) for t in reply.body.decode().split("\n")]
+        alone = [server.call("POST", "/invocations", b).json() for b in bodies]
+        assert [numbers(a) for a in answered] == [numbers(a) for a in alone]
+    finally:
+        server.stop()
+
+
+QUESTION_CHOICE = {"type": "choice", "criteria": {"calm": None, "angry": "upset"}}
+
+
+def numbers(answer: dict[str, Any]) -> Any:
+    """What must not depend on batching: ids, probabilities, logits, answers; not timings."""
+    if "answers" in answer:
+        return answer["answers"]
+    results = answer["results"] if "results" in answer else [answer["result"]]
+    return [(r["id"], r["probabilities"], r["option_logits"], r["input_tokens"]) for r in results]
+
+
+@pytest.mark.timeout(180)
+def test_lines_the_deadline_does_not_reach_get_timeout_errors(
+    model_path: Path, tmp_path: Path
+) -> None:
+    env = {"SEMIF_CHAT": "off", "SEMIF_REQUEST_TIMEOUT": "4"}
+    server = ProxyProcess(model_path, env, log_path=tmp_path / "deadline.log").start()
+    try:
+        # Every line its own state (no sharing), far more than 4 s of work.
+        lines = [
+            json.dumps({"decision": decision(f"D{i}", f"Ticket {i}: {'more text ' * 30}", 0)})
+            for i in range(300)
+        ]
+        started = time.monotonic()
+        reply = post_lines(server, lines)
+        took = time.monotonic() - started
+        assert reply.status == 200, reply.body[:300]
+        answered = [json.loads(t) for t in reply.body.decode().split("\n")]
+        assert len(answered) == len(lines)
+        done = [a for a in answered if "result" in a]
+        late = [a for a in answered if "error" in a]
+        assert done and late and len(done) + len(late) == len(lines)
+        # Lines run in order (each state first appears on its own line), so the answered ones
+        # are the first lines and the rest timed out.
+        assert [a["result"]["id"] for a in done] == [f"D{i}" for i in range(len(done))]
+        assert {(a["status"], a["error"]["type"]) for a in late} == {(504, "timeout")}
+        assert [a["line"] for a in late] == list(range(len(done) + 1, len(lines) + 1))
+        assert took < 15, f"the call took {took:.1f}s for a 4 s deadline"
+        # The engine was stopped, not left busy: the next request is answered at once.
+        reply = server.call("POST", "/v1/decisions", {"decision": decision("after", "x", 0)})
+        assert reply.status == 200
+    finally:
+        server.stop()
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [
+        (b"", []),
+        (b"a", [b"a"]),
+        (b"a\n", [b"a"]),
+        (b"a\r\nb", [b"a", b"b"]),
+        (b"a\n\nb\n", [b"a", b"", b"b"]),
+        (b"\n", [b""]),
+    ],
+)
+def test_split_lines(raw: bytes, expected: list[bytes]) -> None:
+    assert jsonlines.split_lines(raw) == expected
