@@ -28,6 +28,13 @@ class InvalidRequest(ApiError):
     pass
 
 
+def internal_error() -> ApiError:
+    """A bug of ours: the body says only where to look (the log line under the request id)."""
+    error = ApiError("internal error; see the server log for this request id")
+    error.status, error.type = 500, "internal_error"
+    return error
+
+
 class PayloadTooLarge(ApiError):
     status = 413
     type = "too_large"

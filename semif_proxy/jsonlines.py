@@ -1,11 +1,13 @@
 """JSON Lines bodies on POST /invocations: one request per line, one answer line per line.
 
-SageMaker Batch Transform with `SplitType=Line` and `BatchStrategy=MultiRecord` packs as many
-lines of an input object into one call as `MaxPayloadInMB` allows, and with `AssembleWith=Line`
-writes the answers of every call one after another: the output only lines up with the input if
-each call answers exactly one line per line, in order. So a line that cannot be answered (not
-JSON, an unknown shape, a schema error, too many tokens, a blank line, a line the deadline did
-not reach) is answered with an error object on its own line and never fails its neighbours.
+SageMaker Batch Transform with `SplitType=Line` sends one line per call (`SingleRecord`, what
+GET /execution-parameters advises) or as many lines as `MaxPayloadInMB` allows (`MultiRecord`),
+and with `AssembleWith=Line` writes the answers of every call one after another: the output
+only lines up with the input if each call answers exactly one line per line, in order. So a
+line that is bad input (not JSON, an unknown shape, a schema error, too many tokens or prompts,
+a blank line) is answered with an error object on its own line and never fails its neighbours.
+What is not the line's fault fails the whole call, so that SageMaker retries it and, failing
+that, fails the job: a line the deadline did not reach (504), an engine failure (503).
 
 No HTTP here: the route reads the body and runs the groups on the engine. This module splits the
 body into lines, validates each line on its own (before anything queues for the engine), groups
@@ -23,9 +25,18 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from semif_proxy import decisions, systemone
+from semif_proxy import decisions, shapes, systemone
 from semif_proxy.bodies import parse_json
-from semif_proxy.errors import ApiError, Cancelled, InvalidRequest, PayloadTooLarge
+from semif_proxy.errors import (
+    ApiError,
+    Cancelled,
+    EngineFailure,
+    InvalidRequest,
+    PayloadTooLarge,
+    Timeout,
+    Unavailable,
+    internal_error,
+)
 from semif_proxy.settings import Settings
 
 if TYPE_CHECKING:
@@ -39,41 +50,21 @@ CONTENT_TYPE = "application/jsonlines"
 MIB = 1 << 20
 MAX_PAYLOAD_MB = 100  # SageMaker's largest MaxPayloadInMB
 
-ACCEPTED = (
-    '{"messages": [...]} (chat), {"decision": {...}} or {"decisions": [...]} (decisions), '
-    '{"state": ..., "questions": {...}} (System One)'
-)
-
-
-def request_shape(body: dict[str, Any]) -> str | None:
-    """Which API an /invocations body is for: "chat", "decisions", "systemone" or None."""
-    if "messages" in body:
-        return "chat"
-    if "decision" in body or "decisions" in body:
-        return "decisions"
-    if "state" in body and "questions" in body:
-        return "systemone"
-    return None
-
-
-def unrecognised(body: dict[str, Any]) -> InvalidRequest:
-    keys = sorted(body)[:10]
-    return InvalidRequest(
-        f"unrecognised body (top-level keys {json.dumps(keys)}); accepted shapes: {ACCEPTED}",
-        field="body",
-    )
-
 
 def execution_parameters(settings: Settings) -> dict[str, Any]:
     """GET /execution-parameters: what a Batch Transform job that leaves them unset uses.
 
-    One call at a time: the engine evaluates one job at a time, so a second concurrent call
-    would only wait, its deadline running, and lose lines to it. The payload is the body limit
-    in whole MiB (SageMaker counts whole MB; 1 MiB is at least 1 MB however it counts them), at
-    least 1 (0 means streaming to SageMaker) and at most SageMaker's 100."""
+    One line per call (SingleRecord): a line takes up to about half a second, so a call of
+    MultiRecord's thousands of lines would outrun the request deadline, and SageMaker would
+    write what the deadline did not reach as a failed call. Lines of one state still share its
+    prefill across calls through the engine's prefix cache. One call at a time: the engine
+    evaluates one job at a time, so a second concurrent call would only wait, its deadline
+    running. The payload is the body limit in whole MiB (SageMaker counts whole MB; 1 MiB is at
+    least 1 MB however it counts them), at least 1 (0 means streaming to SageMaker) and at most
+    SageMaker's 100."""
     return {
         "MaxConcurrentTransforms": 1,
-        "BatchStrategy": "MultiRecord",
+        "BatchStrategy": "SingleRecord",
         "MaxPayloadInMB": min(MAX_PAYLOAD_MB, max(1, settings.max_body_bytes // MIB)),
     }
 
@@ -124,6 +115,55 @@ def _state_key(state: Any) -> str:
     return json.dumps(state, ensure_ascii=False)
 
 
+def prompt_limit(settings: Settings) -> int:
+    """The most prompts (questions x option orders) one line may ask: SEMIF_MAX_QUESTIONS at
+    the server's own SEMIF_PERMUTATIONS, so any line that keeps the default orders fits."""
+    return settings.max_questions * settings.permutations
+
+
+def _orders(value: Any, default: int) -> int:
+    # The count a line asks for; a bad value is the schema's to name, so it counts as default.
+    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        return value
+    return default
+
+
+def count_prompts(body: dict[str, Any], shape: str, default: int) -> int:
+    """How many prompts a line would ask, from its raw keys (no validation, nothing built):
+    each question or decision once per option order it asks for (an upper bound: a question
+    with fewer options than orders is asked fewer times)."""
+    if shape == "systemone":
+        questions = body.get("questions")
+        count = len(questions) if isinstance(questions, dict) else 0
+        return count * _orders(body.get("permutations"), default)
+    asked = body.get("decisions") if "decisions" in body else [body.get("decision")]
+    if not isinstance(asked, list):
+        return 0
+    return sum(
+        _orders(d.get("permutations") if isinstance(d, dict) else None, default) for d in asked
+    )
+
+
+def check_prompts(body: dict[str, Any], shape: str, settings: Settings) -> None:
+    """Refuse a line that would ask too many prompts before its questions are built: a body
+    limit's worth of lines each asking 64 questions in 26 orders would otherwise hold a
+    quarter of a GB of questions for one call."""
+    asked = body.get("questions") if shape == "systemone" else body.get("decisions")
+    most = settings.max_questions if shape == "systemone" else settings.max_decisions
+    if isinstance(asked, (dict, list)) and len(asked) > most:
+        return  # the request's own count limit refuses it, naming its field, as it would alone
+    count, limit = count_prompts(body, shape, settings.permutations), prompt_limit(settings)
+    if count > limit:
+        raise PayloadTooLarge(
+            f"the line asks {count} prompts (questions x permutations), over the limit of "
+            f"{limit} for a JSON Lines line (SEMIF_MAX_QUESTIONS x SEMIF_PERMUTATIONS); send "
+            "it as its own application/json request",
+            field="body",
+            prompts=count,
+            limit=limit,
+        )
+
+
 def _plan(raw: bytes, settings: Settings, sha256: str) -> tuple[str, Work]:
     if not raw.strip():
         raise InvalidRequest(
@@ -134,7 +174,9 @@ def _plan(raw: bytes, settings: Settings, sha256: str) -> tuple[str, Work]:
     body = parse_json(raw)
     if not isinstance(body, dict):
         raise InvalidRequest("the line must be a JSON object", field="body")
-    shape = request_shape(body)
+    shape = shapes.request_shape(body)
+    if shape in ("decisions", "systemone"):
+        check_prompts(body, shape, settings)
     if shape == "decisions":
         parsed = decisions.parse_request(body, settings.max_decisions)
 
@@ -156,7 +198,7 @@ def _plan(raw: bytes, settings: Settings, sha256: str) -> tuple[str, Work]:
             "and llama-server for minutes); send each chat as its own application/json request",
             field="messages",
         )
-    raise unrecognised(body)
+    raise shapes.unrecognised(body)
 
 
 def plan_line(raw: bytes, number: int, settings: Settings, sha256: str) -> Line:
@@ -168,6 +210,12 @@ def plan_line(raw: bytes, number: int, settings: Settings, sha256: str) -> Line:
     except ApiError as exc:
         line.error = exc
     return line
+
+
+def plan_lines(texts: Sequence[bytes], settings: Settings, sha256: str) -> list[Line]:
+    """Every line planned, numbered from 1. Off the event loop (a worker thread): a body
+    limit's worth of lines takes seconds to validate."""
+    return [plan_line(text, number, settings, sha256) for number, text in enumerate(texts, 1)]
 
 
 def groups(lines: Sequence[Line]) -> list[list[Line]]:
@@ -182,8 +230,8 @@ def groups(lines: Sequence[Line]) -> list[list[Line]]:
 
 class Progress:
     """Answers as the engine thread produces them, until the call stops waiting (its deadline
-    passed): a line that finishes after that keeps the timeout error it was given, so what is
-    rendered never changes under the renderer."""
+    passed, or it failed): an answer that comes after that is dropped, so what the route counts
+    and renders never changes under it."""
 
     def __init__(self, request_id: str) -> None:
         self.request_id = request_id
@@ -213,12 +261,6 @@ class Progress:
             self.answered += 1
 
 
-def internal_error() -> ApiError:
-    error = ApiError("internal error; see the server log for this request id")
-    error.status, error.type = 500, "internal_error"
-    return error
-
-
 def run_lines(engine: DecisionEngine, lines: Sequence[Line], progress: Progress) -> None:
     """Answer lines of one state one after another, on the engine thread. The engine keeps the
     prefix it evaluated last, so the first line prefills the state and the others reuse it."""
@@ -230,6 +272,8 @@ def run_lines(engine: DecisionEngine, lines: Sequence[Line], progress: Progress)
             answer, tokens = line.work(engine)
         except Cancelled:
             raise  # the job was aborted (deadline, hang-up): the lines left are not reached
+        except (EngineFailure, Unavailable):
+            raise  # the engine's fault, not the line's: the call fails whole (503), and retried
         except ApiError as exc:
             progress.record(line, error=exc)
         except Exception:
@@ -242,14 +286,24 @@ def run_lines(engine: DecisionEngine, lines: Sequence[Line], progress: Progress)
             progress.record(line, answer, tokens)
 
 
-def fail_unfinished(lines: Sequence[Line], error: ApiError) -> int:
-    """Give every line that has no answer yet this error; how many got it."""
-    count = 0
-    for line in lines:
-        if not line.done:
-            line.error = error
-            count += 1
-    return count
+def unfinished(lines: Sequence[Line]) -> int:
+    """How many lines have neither an answer nor an error: the deadline did not reach them."""
+    return sum(1 for line in lines if not line.done)
+
+
+def not_reached(count: int, total: int, timeout: float) -> Timeout:
+    """The whole call's 504 when the deadline left lines unanswered. Not a 200 with timeout
+    lines: SageMaker retries a failed call, then fails the job where anyone looks, but takes a
+    200's error lines as the results and completes the job with them."""
+    return Timeout(
+        f"{count} of {total} lines were not answered within the request's {timeout:g}s "
+        "(SEMIF_REQUEST_TIMEOUT), so no line is answered; send fewer lines per call "
+        "(BatchStrategy SingleRecord, as GET /execution-parameters advises)",
+        field="body",
+        lines=total,
+        unanswered=count,
+        limit=timeout,
+    )
 
 
 def output(line: Line, request_id: str) -> dict[str, Any]:
@@ -271,19 +325,21 @@ def render(lines: Sequence[Line], request_id: str) -> bytes:
 
 
 __all__ = [
-    "ACCEPTED",
     "CONTENT_TYPE",
     "MEDIA_TYPES",
     "Line",
     "Progress",
     "check_line_count",
+    "check_prompts",
+    "count_prompts",
     "execution_parameters",
-    "fail_unfinished",
     "groups",
+    "not_reached",
     "plan_line",
+    "plan_lines",
+    "prompt_limit",
     "render",
-    "request_shape",
     "run_lines",
     "split_lines",
-    "unrecognised",
+    "unfinished",
 ]

@@ -10,7 +10,7 @@ from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
-from semif_proxy.errors import ApiError, Timeout
+from semif_proxy.errors import ApiError, Timeout, internal_error
 from semif_proxy.keys import METRICS, SETTINGS
 
 log = logging.getLogger("semif_proxy.access")
@@ -81,9 +81,7 @@ async def request_middleware(request: web.Request, handler: Handler) -> web.Stre
             raise
         except Exception:
             log.exception("unhandled error", extra={"request_id": request_id})
-            err = ApiError("internal error; see the server log for this request id")
-            err.status, err.type = 500, "internal_error"
-            response = error_response(err, request_id)
+            response = error_response(internal_error(), request_id)
         if not response.prepared:
             response.headers["X-Request-Id"] = request_id
         status = response.status

@@ -82,11 +82,11 @@ def check_shared(request: SharedRequest) -> None:
             )
 
 
-def check_count(count: int, field: str, limit: int) -> None:
-    """Decisions and System One questions share one per-request limit (SEMIF_MAX_DECISIONS)."""
+def check_count(count: int, field: str, limit: int, variable: str = "SEMIF_MAX_DECISIONS") -> None:
+    """A per-request count limit (413 naming the field, the limit and its setting)."""
     if count > limit:
         raise PayloadTooLarge(
-            f"{field}: {count} {field}, over the limit of {limit} (SEMIF_MAX_DECISIONS)",
+            f"{field}: {count} {field}, over the limit of {limit} ({variable})",
             field=field,
             count=count,
             limit=limit,

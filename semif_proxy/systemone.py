@@ -25,6 +25,7 @@ from semif_proxy.engine import DecisionEngine, Question
 from semif_proxy.errors import InvalidRequest, PayloadTooLarge, SchemaError, Unavailable
 from semif_proxy.prompt import MAX_OPTIONS, PROMPT_VERSION, prompt_sha256
 from semif_proxy.rotations import Rotated
+from semif_proxy.schemas import check_count
 from semif_proxy.settings import Settings
 
 Content = str | dict[str, Any] | list[Any]
@@ -96,13 +97,17 @@ Parsed = SystemOneRequest | SystemOneBatchRequest
 P = TypeVar("P", SystemOneRequest, SystemOneBatchRequest)
 
 
+MAX_ERRORS = 20
+
+
 def _validate(model: type[P], body: Any) -> P:
     try:
         return model.model_validate(body)
     except ValidationError as exc:
+        # The first errors are what a client fixes; thousands of them are only bytes.
         detail = [
             {"loc": ["body", *e["loc"]], "msg": e["msg"], "type": e["type"]}
-            for e in exc.errors(include_url=False)
+            for e in exc.errors(include_url=False)[:MAX_ERRORS]
         ]
         raise SchemaError(detail) from None
 
@@ -222,14 +227,12 @@ def _loc(field: str) -> list[str | int]:
     return [p for p in field.replace("[", ".").replace("]", "").split(".") if p]
 
 
-def check_limit(count: int, field: str, limit: int, variable: str) -> None:
-    if count > limit:
-        raise PayloadTooLarge(
-            f"{field}: {count} {field}, over the limit of {limit} ({variable})",
-            field=field,
-            count=count,
-            limit=limit,
-        )
+def check_questions(body: Any, settings: Settings) -> None:
+    """The question count, before validation: validating (and reporting) a huge `questions`
+    object is seconds of work on the event loop."""
+    questions = body.get("questions") if isinstance(body, dict) else None
+    if isinstance(questions, dict):
+        check_count(len(questions), "questions", settings.max_questions, "SEMIF_MAX_QUESTIONS")
 
 
 def _checked(parsed: Parsed, settings: Settings, sha256: str) -> tuple[str, list[Spec]]:
@@ -238,7 +241,7 @@ def _checked(parsed: Parsed, settings: Settings, sha256: str) -> tuple[str, list
     if not accepts_model(parsed.model, served):
         available = [served, *ALIASES, "jev-1.<n>"]
         raise schema_error(["model"], f"unknown model {parsed.model!r}; available: {available}")
-    check_limit(len(parsed.questions), "questions", settings.max_questions, "SEMIF_MAX_QUESTIONS")
+    check_count(len(parsed.questions), "questions", settings.max_questions, "SEMIF_MAX_QUESTIONS")
     return served, [build_spec(qid, q) for qid, q in parsed.questions.items()]
 
 
@@ -262,6 +265,7 @@ def _ask(state: Content, specs: list[Spec], k: int, settings: Settings) -> list[
 def plan(body: Any, settings: Settings, sha256: str) -> Plan:
     """Validate a request (422 in FastAPI's shape; 413 for too many questions) and build its
     engine questions. Runs before the request queues for the engine."""
+    check_questions(body, settings)
     parsed = parse_request(body)
     served, specs = _checked(parsed, settings, sha256)
     k = parsed.permutations or settings.permutations
@@ -309,14 +313,23 @@ def answer(engine: DecisionEngine, planned: Plan, strict: bool) -> dict[str, Any
 
 @dataclass(frozen=True)
 class BatchPlan:
-    """The same questions asked of each state: one plan per state, in the request's order."""
+    """The same questions asked of each state, in the request's order. A state's engine
+    questions (questions x rotations, each holding the state) are built when that state is
+    answered, on the engine thread: not all of them at once on the event loop."""
 
-    states: list[Content]
-    plans: list[Plan]
+    request: SystemOneBatchRequest
+    served: str
+    specs: list[Spec]
+    rotations: int
+    settings: Settings
 
     @property
-    def served(self) -> str:
-        return self.plans[0].served
+    def states(self) -> list[Content]:
+        return list(self.request.states)
+
+    def plan(self, i: int) -> Plan:
+        asked = _ask(self.request.states[i], self.specs, self.rotations, self.settings)
+        return Plan(self.request, self.served, self.specs, asked)
 
 
 _JSON_TYPES = {bool: "a boolean", int: "a number", float: "a number", type(None): "null"}
@@ -332,7 +345,7 @@ def plan_batch(body: dict[str, Any], settings: Settings, sha256: str) -> BatchPl
             "states: a batch needs a non-empty array of states (one System One state each)",
             field="states",
         )
-    check_limit(len(states), "states", settings.max_batch_states, "SEMIF_MAX_BATCH_STATES")
+    check_count(len(states), "states", settings.max_batch_states, "SEMIF_MAX_BATCH_STATES")
     for i, state in enumerate(states):
         if not isinstance(state, (str, dict, list)):
             kind = _JSON_TYPES.get(type(state), type(state).__name__)
@@ -340,11 +353,11 @@ def plan_batch(body: dict[str, Any], settings: Settings, sha256: str) -> BatchPl
                 f"states[{i}]: a state is a string, an object or an array, not {kind}",
                 field=f"states[{i}]",
             )
+    check_questions(body, settings)
     parsed = _validate(SystemOneBatchRequest, body)
     served, specs = _checked(parsed, settings, sha256)
     k = parsed.permutations or settings.permutations
-    plans = [Plan(parsed, served, specs, _ask(s, specs, k, settings)) for s in parsed.states]
-    return BatchPlan(list(parsed.states), plans)
+    return BatchPlan(parsed, served, specs, k, settings)
 
 
 def check_batch(engine: DecisionEngine, batch: BatchPlan) -> None:
@@ -352,12 +365,12 @@ def check_batch(engine: DecisionEngine, batch: BatchPlan) -> None:
     prompt but each state's own prefix): every state free of the model's special tokens and
     under the prompt limit, and the whole batch within the request's token budget
     (SEMIF_MAX_REQUEST_TOKENS): each state's own tokens plus every question's text once per
-    state, less a token per text for merges at its edges (a lower bound, as a single request
-    is checked). Each state is then checked exactly again when it is answered. Runs on the
-    engine thread."""
+    state and rotation, less a token per text for merges at its edges (a lower bound, as a
+    single request is checked). Each state is then checked exactly again when it is answered.
+    Runs on the engine thread."""
     if engine.unavailable_reason:
         raise Unavailable(engine.unavailable_reason)
-    questions = rotations.flatten(batch.plans[0].asked)
+    questions = rotations.flatten(batch.plan(0).asked)
     asked = engine.asked_tokens(questions)
     request_limit = engine.settings.request_token_limit
     first = questions[0]
@@ -381,7 +394,7 @@ def answer_state(engine: DecisionEngine, batch: BatchPlan, i: int, strict: bool)
     """One state of a batch, answered exactly as a single request with that state; a limit it
     breaks names the state. Runs on the engine thread."""
     try:
-        return answer(engine, batch.plans[i], strict)
+        return answer(engine, batch.plan(i), strict)
     except PayloadTooLarge as exc:
         raise PayloadTooLarge(
             f"states[{i}]: {exc.message}", field=f"states[{i}]", **exc.extra

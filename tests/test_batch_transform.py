@@ -1,13 +1,14 @@
 """SageMaker Batch Transform on the real server: JSON Lines bodies on /invocations, split into
-MultiRecord calls the way SageMaker splits an input object, answered line for line; and
-GET /execution-parameters, which SageMaker calls without our key."""
+MultiRecord calls the way SageMaker splits an input object, answered line for line; calls that
+fail whole (deadline, engine) so that SageMaker retries them; and GET /execution-parameters,
+which SageMaker calls without our key."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import random
-import time
 from collections import defaultdict
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,9 +16,12 @@ from typing import Any
 
 import pytest
 
+from semif_proxy import engine as worker
 from semif_proxy import jsonlines
+from semif_proxy.errors import EngineFailure, InvalidRequest, PayloadTooLarge
 from semif_proxy.settings import load_settings
-from semif_proxy.testing.server import ProxyProcess
+from semif_proxy.testing.server import ProxyProcess, wait_for
+from tests.conftest import engine_settings
 
 KEY = "batch-secret"
 BODY_LIMIT = 48 * 1024  # small, so the 1,000-line file takes several calls
@@ -286,7 +290,7 @@ def test_execution_parameters_are_public(batch_server: ProxyProcess) -> None:
     assert reply.status == 200
     assert reply.json() == {
         "MaxConcurrentTransforms": 1,
-        "BatchStrategy": "MultiRecord",
+        "BatchStrategy": "SingleRecord",  # one line per call: each fits the deadline
         "MaxPayloadInMB": 1,  # the body limit is under 1 MiB: SageMaker's smallest
     }
     # Only the plain spelling is public (auth.py).
@@ -377,38 +381,139 @@ def numbers(answer: dict[str, Any]) -> Any:
     return [(r["id"], r["probabilities"], r["option_logits"], r["input_tokens"]) for r in results]
 
 
-@pytest.mark.timeout(180)
-def test_lines_the_deadline_does_not_reach_get_timeout_errors(
+@pytest.mark.timeout(300)
+def test_a_deadline_that_leaves_lines_unanswered_fails_the_call(
     model_path: Path, tmp_path: Path
 ) -> None:
-    env = {"SEMIF_CHAT": "off", "SEMIF_REQUEST_TIMEOUT": "4"}
+    """A 200 with timeout lines would be written as the job's results; a 504 is retried by
+    SageMaker and then fails the job where it is seen."""
+    env = {"SEMIF_CHAT": "off", "SEMIF_REQUEST_TIMEOUT": "10"}
     server = ProxyProcess(model_path, env, log_path=tmp_path / "deadline.log").start()
     try:
-        # Every line its own state (no sharing), far more than 4 s of work.
+        # Every line its own state (no sharing): minutes of work on SmolLM2, for a 10 s deadline.
         lines = [
-            json.dumps({"decision": decision(f"D{i}", f"Ticket {i}: {'more text ' * 30}", 0)})
-            for i in range(300)
+            json.dumps({"decision": decision(f"D{i}", f"Ticket {i}: {'more text ' * 60}", 0)})
+            for i in range(1000)
         ]
-        started = time.monotonic()
+        tokens = server.metric("semif_engine_tokens_evaluated_total")
         reply = post_lines(server, lines)
-        took = time.monotonic() - started
-        assert reply.status == 200, reply.body[:300]
-        answered = [json.loads(t) for t in reply.body.decode().split("\n")]
-        assert len(answered) == len(lines)
-        done = [a for a in answered if "result" in a]
-        late = [a for a in answered if "error" in a]
-        assert done and late and len(done) + len(late) == len(lines)
-        # Lines run in order (each state first appears on its own line), so the answered ones
-        # are the first lines and the rest timed out.
-        assert [a["result"]["id"] for a in done] == [f"D{i}" for i in range(len(done))]
-        assert {(a["status"], a["error"]["type"]) for a in late} == {(504, "timeout")}
-        assert [a["line"] for a in late] == list(range(len(done) + 1, len(lines) + 1))
-        assert took < 15, f"the call took {took:.1f}s for a 4 s deadline"
-        # The engine was stopped, not left busy: the next request is answered at once.
+        assert reply.status == 504, reply.body[:300]
+        error = reply.json()["error"]
+        assert error["type"] == "timeout" and "SEMIF_REQUEST_TIMEOUT" in error["message"]
+        assert (error["field"], error["lines"], error["limit"]) == ("body", 1000, 10)
+        assert 1 <= error["unanswered"] <= 1000
+        assert error["message"].startswith(f"{error['unanswered']} of 1000 lines were not")
+        # The engine worked on the call, and its job was stopped at the deadline, not left to
+        # run through the lines nobody will read.
+        assert server.metric("semif_engine_tokens_evaluated_total") > tokens
+        wait_for(
+            lambda: server.metric("semif_engine_jobs_aborted_total") == 1, 60, "the job stopped"
+        )
         reply = server.call("POST", "/v1/decisions", {"decision": decision("after", "x", 0)})
         assert reply.status == 200
     finally:
         server.stop()
+
+
+def test_a_line_asking_too_many_prompts_is_refused_on_its_line(batch_server: ProxyProcess) -> None:
+    # 10 questions in 26 orders: 260 prompts, over SEMIF_MAX_QUESTIONS (64) x the default
+    # SEMIF_PERMUTATIONS (1); refused on its own line before any question is built.
+    questions = {f"q{i}": {"type": "noul"} for i in range(10)}
+    big = {"model": "jev-latest", "state": "s", "questions": questions, "permutations": 26}
+    ok = {"decision": decision("ok", STATES[0], 0)}
+    reply = post_lines(batch_server, [json.dumps(big), json.dumps(ok)])
+    assert reply.status == 200, reply.body[:300]
+    refused, answered = (json.loads(t) for t in reply.body.decode().split("\n"))
+    assert (refused["line"], refused["status"]) == (1, 413)
+    error = refused["error"]
+    assert (error["type"], error["field"], error["prompts"], error["limit"]) == (
+        "too_large",
+        "body",
+        260,
+        64,
+    )
+    assert "SEMIF_MAX_QUESTIONS x SEMIF_PERMUTATIONS" in error["message"]
+    assert answered["result"]["id"] == "ok"
+
+
+def test_prompts_are_counted_from_the_raw_line(model_path: Path) -> None:
+    settings = load_settings({}, model=str(model_path), chat=False, permutations=2)
+    assert jsonlines.prompt_limit(settings) == 64 * 2
+    one = {"id": "d", "permutations": 5}
+    assert jsonlines.count_prompts({"decision": one}, "decisions", 2) == 5
+    assert jsonlines.count_prompts({"decisions": [one, {}, "x"]}, "decisions", 2) == 5 + 2 + 2
+    body = {"questions": {"a": {}, "b": {}, "c": {}}}
+    assert jsonlines.count_prompts(body, "systemone", 2) == 6
+    # A bad count is the schema's to name: it counts as the default.
+    for bad in (True, "3", 0, -1, None):
+        assert jsonlines.count_prompts({**body, "permutations": bad}, "systemone", 2) == 6
+    assert jsonlines.count_prompts({**body, "permutations": 26}, "systemone", 2) == 78
+    assert jsonlines.count_prompts({"questions": [1, 2]}, "systemone", 2) == 0
+    jsonlines.check_prompts({**body, "permutations": 26}, "systemone", settings)  # 78 <= 128
+    # Over the request's own question count: left to that limit, which names `questions`.
+    jsonlines.check_prompts({"questions": {str(i): {} for i in range(65)}}, "systemone", settings)
+    with pytest.raises(PayloadTooLarge, match="asks 130 prompts"):
+        jsonlines.check_prompts(
+            {"questions": {str(i): {} for i in range(5)}, "permutations": 26}, "systemone", settings
+        )
+
+
+def test_an_engine_failure_is_the_calls_not_the_lines() -> None:
+    """A line that is bad input gets its error on its line; an engine failure stops the job and
+    reaches the route, which fails the whole call (503) for SageMaker to retry."""
+
+    def bad_input(engine: object) -> Any:
+        raise InvalidRequest("bad", field="body")
+
+    def fails(engine: object) -> Any:
+        raise EngineFailure("the decision engine failed: out of memory", code=-3)
+
+    def answers(engine: object) -> Any:
+        return {"ok": True}, 7
+
+    lines = [jsonlines.Line(n, "s", work) for n, work in enumerate([bad_input, fails, answers], 1)]
+    progress = jsonlines.Progress("r")
+    with pytest.raises(EngineFailure):
+        jsonlines.run_lines(None, lines, progress)  # type: ignore[arg-type]
+    assert lines[0].error is not None and lines[0].error.status == 400
+    assert not lines[1].done and not lines[2].done  # the job stopped at the failure
+    assert jsonlines.unfinished(lines) == 2
+
+
+# In-process, aiohttp's warning about the middleware's plain string request keys (request id,
+# deadline, tokens) would turn into a 500 under this suite's warnings-as-errors.
+@pytest.mark.filterwarnings("ignore::aiohttp.web_exceptions.NotAppKeyWarning")
+def test_an_engine_that_refuses_decisions_fails_the_call(
+    tiny_model: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The engine's self-check failed (see test_engine): a JSON Lines call is one 503 with
+    Retry-After, as a single decision gets, not a 200 of 503 lines."""
+    from aiohttp.test_utils import TestClient, TestServer
+
+    from semif_proxy.app import create_app
+
+    real = worker.aligned_length
+    monkeypatch.setattr(worker, "aligned_length", lambda n, align: real(n, align) - 3)
+    settings = engine_settings(tiny_model, n_ctx=2048)
+    body = "\n".join(json.dumps({"decision": decision(f"u{i}", "s", 0)}) for i in range(3))
+
+    async def scenario() -> None:
+        async with TestClient(TestServer(create_app(settings))) as client:
+            for _ in range(6000):  # the engine loads in the background (up to 10 minutes)
+                ping = await (await client.get("/ping")).json()
+                if ping["engine"]["state"] != "loading":
+                    break
+                await asyncio.sleep(0.1)
+            assert ping["engine"]["state"] == "refusing"
+            reply = await client.post(
+                "/invocations", data=body, headers={"Content-Type": "application/jsonlines"}
+            )
+            assert reply.status == 503 and "Retry-After" in reply.headers
+            error = (await reply.json())["error"]
+            assert error["type"] == "unavailable"
+            assert error["message"] == ping["engine"]["reason"]
+
+    asyncio.run(scenario())
 
 
 @pytest.mark.parametrize(

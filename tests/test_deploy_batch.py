@@ -48,7 +48,7 @@ def test_batch_creates_the_model_then_the_job() -> None:
     assert calls.params("CreateTransformJob") == {
         "TransformJobName": job,
         "ModelName": "semif-ep",
-        "BatchStrategy": "MultiRecord",
+        "BatchStrategy": "SingleRecord",  # one line per call: each fits the request deadline
         "MaxPayloadInMB": 6,
         "TransformInput": {
             "DataSource": {"S3DataSource": {"S3DataType": "S3Prefix", "S3Uri": "s3://data/in/"}},
@@ -78,12 +78,13 @@ def test_batch_reuses_an_existing_model() -> None:
     sm = boto3.client("sagemaker", region_name=REGION)
     endpoint.deploy(sm, deployment())
     calls = Calls(sm)
-    t = transform(max_concurrent=4, max_payload_mb=25, instance_count=2)
+    t = transform(max_concurrent=4, max_payload_mb=25, instance_count=2, multi_record=True)
     _, status = batch.run(sm, t, None, wait=None, now=NOW)
     assert status == "InProgress"
     assert calls.names() == ["DescribeModel", "CreateTransformJob"]
     request = calls.params("CreateTransformJob")
     assert request["MaxConcurrentTransforms"] == 4 and request["MaxPayloadInMB"] == 25
+    assert request["BatchStrategy"] == "MultiRecord"
     assert request["TransformResources"]["InstanceCount"] == 2
 
 
@@ -175,9 +176,14 @@ def test_batch_command(capsys: pytest.CaptureFixture[str]) -> None:
     sm = boto3.client("sagemaker", region_name=REGION)
     assert [m["ModelName"] for m in sm.list_models()["Models"]] == ["semif-batch"]
     # Second run: the model exists, no --image needed; --no-wait returns at once.
-    assert main([*args, "--no-wait"]) == 0
+    assert main([*args, "--no-wait", "--multi-record"]) == 0
     assert re.search(r"InProgress: results will be in s3://data/out/", capsys.readouterr().out)
-    assert len(sm.list_transform_jobs()["TransformJobSummaries"]) == 2
+    jobs = sm.list_transform_jobs(SortBy="CreationTime", SortOrder="Ascending")
+    strategies = [
+        sm.describe_transform_job(TransformJobName=j["TransformJobName"])["BatchStrategy"]
+        for j in jobs["TransformJobSummaries"]
+    ]
+    assert strategies == ["SingleRecord", "MultiRecord"]
 
 
 def test_batch_command_refuses_half_a_model(

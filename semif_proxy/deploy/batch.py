@@ -1,5 +1,5 @@
-"""`semif-proxy batch`: a Batch Transform job over JSON Lines in S3 (one request per line, many
-lines per call), creating the SageMaker model first if it does not exist."""
+"""`semif-proxy batch`: a Batch Transform job over JSON Lines in S3 (one request per line, one
+line per call unless --multi-record), creating the SageMaker model first if it does not exist."""
 
 from __future__ import annotations
 
@@ -25,6 +25,10 @@ class Transform:
     instance_count: int = 1
     max_payload_mb: int = 6
     max_concurrent: int = 0  # 0: SageMaker asks GET /execution-parameters
+    # Many lines per call: only for inputs whose calls the user has sized to finish within the
+    # container's request deadline (a line the deadline misses fails the call, which SageMaker
+    # retries and then fails the job); one line per call always fits.
+    multi_record: bool = False
 
 
 def check(t: Transform) -> None:
@@ -56,7 +60,7 @@ def job_request(t: Transform, job: str) -> dict[str, Any]:
     request: dict[str, Any] = {
         "TransformJobName": job,
         "ModelName": t.model_name,
-        "BatchStrategy": "MultiRecord",
+        "BatchStrategy": "MultiRecord" if t.multi_record else "SingleRecord",
         "MaxPayloadInMB": t.max_payload_mb,
         "TransformInput": {
             "DataSource": {"S3DataSource": {"S3DataType": "S3Prefix", "S3Uri": t.input}},

@@ -197,6 +197,7 @@ def batch(args: argparse.Namespace) -> str:
         instance_count=args.instance_count,
         max_payload_mb=args.max_payload_mb,
         max_concurrent=args.max_concurrent_transforms,
+        multi_record=args.multi_record,
     )
     create_with = None
     if args.image is not None or args.model_data is not None:
@@ -294,6 +295,12 @@ def add_commands(sub: Any) -> None:
     p.add_argument("--instance-count", type=int, default=1)
     p.add_argument("--max-payload-mb", type=int, default=6)
     p.add_argument("--max-concurrent-transforms", type=int, default=0, help="0: the container says")
+    p.add_argument(
+        "--multi-record",
+        action="store_true",
+        help="many lines per call, up to --max-payload-mb (default one line per call): size "
+        "inputs so that each call finishes within SEMIF_REQUEST_TIMEOUT",
+    )
     p.add_argument("--wait", action=argparse.BooleanOptionalAction, default=True)
     p.add_argument("--timeout", type=float, default=86400, help="seconds to wait")
     p = command("delete", delete, "delete the endpoint, its config, model and autoscaling")

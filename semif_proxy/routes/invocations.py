@@ -3,16 +3,17 @@ bodies (Batch Transform) answered line for line; GET /execution-parameters for B
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import logging
 
 from aiohttp import web
 
-from semif_proxy import jsonlines
+from semif_proxy import jsonlines, shapes
 from semif_proxy.bodies import read_json_object, read_limited
-from semif_proxy.errors import InvalidRequest, Timeout
+from semif_proxy.errors import InvalidRequest, Timeout, Unavailable
 from semif_proxy.keys import CHAT_ADMISSION, DECISION_ADMISSION, SETTINGS
-from semif_proxy.middleware import REQUEST_ID, remaining
+from semif_proxy.middleware import REQUEST_ID, deadline_passed, remaining
 from semif_proxy.routes import decisions, proxy, systemone
 
 log = logging.getLogger("semif_proxy.access")
@@ -27,7 +28,7 @@ async def invocations(request: web.Request) -> web.StreamResponse:
     if request.content_type in jsonlines.MEDIA_TYPES:
         return await answer_lines(request)
     body, raw = await read_json_object(request, settings.max_body_bytes)
-    shape = jsonlines.request_shape(body)
+    shape = shapes.request_shape(body)
     if shape == "chat":
         async with request.app[CHAT_ADMISSION].slot(remaining(request)):
             return await proxy.forward(request, raw, "/v1/chat/completions")
@@ -37,42 +38,46 @@ async def invocations(request: web.Request) -> web.StreamResponse:
     if shape == "systemone":
         async with request.app[DECISION_ADMISSION].slot(remaining(request)):
             return await systemone.answer(request, body)
-    raise jsonlines.unrecognised(body)
+    raise shapes.unrecognised(body)
 
 
 async def answer_lines(request: web.Request) -> web.Response:
-    """A JSON Lines body: every line validated on its own, the valid ones run on the engine
-    grouped by state within one admission slot and the request's deadline; one answer line per
-    line, in order. Lines the deadline did not reach get a timeout error on their line (unless
-    none was answered at all: then the whole call is a 504, which SageMaker retries)."""
+    """A JSON Lines body: within one admission slot and the request's deadline, every line
+    validated on its own (on a worker thread), the valid ones run on the engine grouped by
+    state; one answer line per line, in order. A line that is bad input gets its error on its
+    line; a line the deadline did not reach fails the whole call (504), as does an engine that
+    fails (503), so that SageMaker retries the call rather than keep error lines."""
     settings = request.app[SETTINGS]
-    raw = await read_limited(request, settings.max_body_bytes)
-    texts = jsonlines.split_lines(raw)
-    if not texts:
-        raise InvalidRequest("the JSON Lines body has no lines", field="body")
-    jsonlines.check_line_count(len(texts), settings.max_batch_lines)
     engine = decisions.require_engine(request)
-    lines = [
-        jsonlines.plan_line(text, number, settings, engine.sha256)
-        for number, text in enumerate(texts, start=1)
-    ]
-    groups = jsonlines.groups(lines)
-    progress = jsonlines.Progress(request[REQUEST_ID])
-    timed_out = 0
-    try:
-        async with request.app[DECISION_ADMISSION].slot(remaining(request)):
+    if engine.unavailable_reason:
+        raise Unavailable(engine.unavailable_reason)
+    async with request.app[DECISION_ADMISSION].slot(remaining(request)):
+        raw = await read_limited(request, settings.max_body_bytes)
+        texts = jsonlines.split_lines(raw)
+        if not texts:
+            raise InvalidRequest("the JSON Lines body has no lines", field="body")
+        jsonlines.check_line_count(len(texts), settings.max_batch_lines)
+        plan = functools.partial(jsonlines.plan_lines, texts, settings, engine.sha256)
+        try:
+            lines = await asyncio.wait_for(
+                asyncio.get_running_loop().run_in_executor(None, plan), remaining(request)
+            )
+        except asyncio.TimeoutError:
+            raise deadline_passed(request) from None
+        groups = jsonlines.groups(lines)
+        progress = jsonlines.Progress(request[REQUEST_ID])
+        try:
             for group in groups:
                 for start in range(0, len(group), LINES_PER_JOB):
                     part = group[start : start + LINES_PER_JOB]
                     job = functools.partial(jsonlines.run_lines, engine, part, progress)
                     await decisions.run_on_engine(request, job)
-    except Timeout as exc:
-        progress.close()  # from here on the engine thread's late answers are dropped
-        if progress.answered == 0:
-            raise
-        timed_out = jsonlines.fail_unfinished(lines, exc)
-    finally:
-        progress.close()
+        except Timeout:
+            progress.close()  # from here on the engine thread's late answers are dropped
+            count = jsonlines.unfinished(lines)
+            raise jsonlines.not_reached(count, len(lines), settings.request_timeout) from None
+        finally:
+            progress.close()
     request["tokens"] = sum(line.tokens for line in lines)
     errors = sum(1 for line in lines if line.error is not None)
     # The access line (middleware) is the same for every route; this one says what the call held.
@@ -83,7 +88,6 @@ async def answer_lines(request: web.Request) -> web.Response:
             "request_id": request[REQUEST_ID],
             "lines": len(lines),
             "line_errors": errors,
-            "timed_out_lines": timed_out,
             "states": len(groups),
         },
     )

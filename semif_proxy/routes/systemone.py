@@ -55,7 +55,7 @@ async def batch_route(request: web.Request) -> web.Response:
                 request,
                 functools.partial(systemone.answer_state, engine, batch, i, settings.strict),
             )
-            for i in range(len(batch.plans))
+            for i in range(len(batch.states))
         ]
     response = systemone.combine_batch(responses, settings.strict)
     response["request_id"] = request[REQUEST_ID]
