@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,6 +18,17 @@ DEFAULT_MODEL = (
     / "SmolLM2-135M-Instruct.Q4_1.gguf"
 )
 GPU_LAYERS = int(os.environ.get("SEMIF_TEST_GPU_LAYERS", "0"))
+
+
+@pytest.fixture(autouse=True)
+def _root_logging_restored() -> Iterator[None]:
+    """A test that runs a CLI command in-process configures logging (a handler on that test's
+    captured stderr); the next test must not inherit it."""
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)
 
 
 @pytest.fixture(scope="session")

@@ -25,7 +25,6 @@ from semif_proxy.eval_targets import (
     open_target,
 )
 from semif_proxy.evaluate import CONFUSION_LABELS, OTHER, Progress, evaluate, read_rows
-from semif_proxy.jevbench import read_tasks, task_files
 from semif_proxy.testing.server import ProxyProcess
 
 KEY = "eval-test-key"
@@ -44,13 +43,69 @@ DECISION_ROW = {
 }
 
 
+def _choice(i: int, state: str, criteria: dict[str, str], expected: str) -> dict:
+    question = {"type": "choice", "instructions": "Which intent?", "criteria": criteria}
+    return {
+        "id": f"choice-{i}",
+        "labels": list(criteria),
+        "question": question,
+        "state": state,
+        "expected": expected,
+    }
+
+
+def _noul(i: int, state: str, instructions: str, expected: str) -> dict:
+    criteria = {"true": "The text says so", "false": "The text says it is not so"}
+    question = {"type": "noul", "instructions": instructions, "criteria": criteria}
+    return {
+        "id": f"noul-{i}",
+        "labels": ["no", "yes"],
+        "question": question,
+        "state": state,
+        "expected": expected,
+    }
+
+
+def _score(i: int, state: str, expected: int) -> dict:
+    levels = ["calm", "a little upset", "upset", "furious"]
+    question = {"type": "score", "instructions": "How upset is the customer?", "criteria": levels}
+    return {
+        "id": f"score-{i}",
+        "labels": ["0", "1", "2", "3"],
+        "question": question,
+        "state": state,
+        "expected": expected,
+    }
+
+
+INTENTS = {
+    "track_order": "Wants to know where an order is",
+    "cancel_order": "Wants to cancel an order",
+    "billing_question": "Asks about a charge or invoice",
+}
+
+
 def jevbench_rows() -> list[dict]:
-    """Three choice, two noul and two score rows: every question type, 2 to 5 options."""
-    tasks = list(read_tasks(task_files()))
-    picked = []
-    for kind, n in (("choice", 3), ("noul", 2), ("score", 2)):
-        picked += [t.row for t in tasks if t.kind == kind][:n]
-    return picked
+    """Rows in the JevBench format (written here, so the test needs no task files): three
+    choice, two noul and two score rows, every question type, 2 to 5 options."""
+    return [
+        _choice(0, "Where is my parcel? It was due on Monday.", INTENTS, "track_order"),
+        _choice(1, "Please cancel order 4471, I changed my mind.", INTENTS, "cancel_order"),
+        _choice(
+            2,
+            "Why was my card charged twice for one order?",
+            {
+                **INTENTS,
+                "change_address": "Wants a new delivery address",
+                "report_damage": "Received a broken item",
+            },
+            "billing_question",
+        ),
+        _noul(0, "Order 1182. Status: shipped on 3 September.", "Has the order shipped?", "yes"),
+        _noul(1, "Order 2290. Status: awaiting payment.", "Has the order shipped?", "no"),
+        _score(0, "Thanks, all good, no rush at all.", 0),
+        _score(1, "THIS IS THE THIRD TIME I WRITE. I WANT MY MONEY BACK NOW!", 3),
+    ]
 
 
 BAD_ROWS = [
