@@ -241,7 +241,6 @@ def _checked(parsed: Parsed, settings: Settings, sha256: str) -> tuple[str, list
     if not accepts_model(parsed.model, served):
         available = [served, *ALIASES, "jev-1.<n>"]
         raise schema_error(["model"], f"unknown model {parsed.model!r}; available: {available}")
-    check_count(len(parsed.questions), "questions", settings.max_questions, "SEMIF_MAX_QUESTIONS")
     return served, [build_spec(qid, q) for qid, q in parsed.questions.items()]
 
 

@@ -22,6 +22,7 @@ from semif_proxy.errors import EngineFailure, InvalidRequest, PayloadTooLarge
 from semif_proxy.settings import load_settings
 from semif_proxy.testing.server import ProxyProcess, wait_for
 from tests.conftest import engine_settings
+from tests.helpers.app_client import settled_ping
 
 KEY = "batch-secret"
 BODY_LIMIT = 48 * 1024  # small, so the 1,000-line file takes several calls
@@ -499,11 +500,7 @@ def test_an_engine_that_refuses_decisions_fails_the_call(
 
     async def scenario() -> None:
         async with TestClient(TestServer(create_app(settings))) as client:
-            for _ in range(6000):  # the engine loads in the background (up to 10 minutes)
-                ping = await (await client.get("/ping")).json()
-                if ping["engine"]["state"] != "loading":
-                    break
-                await asyncio.sleep(0.1)
+            ping = await settled_ping(client)
             assert ping["engine"]["state"] == "refusing"
             reply = await client.post(
                 "/invocations", data=body, headers={"Content-Type": "application/jsonlines"}

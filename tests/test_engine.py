@@ -19,6 +19,7 @@ from semif_proxy.examples import ROUTING_STATE as STATE
 from semif_proxy.prompt import LETTERS, SYSTEM_TEXT
 from semif_proxy.schemas import Decision, Option
 from tests.conftest import GPU_LAYERS, engine_settings
+from tests.helpers.app_client import settled_ping
 
 TOL = 0 if GPU_LAYERS == 0 else 1e-3  # GPU kernels are not bit-exact
 
@@ -437,11 +438,7 @@ def test_a_failed_self_check_keeps_ping_503_and_shows_in_health(
 
     async def scenario() -> None:
         async with TestClient(TestServer(create_app(settings))) as client:
-            for _ in range(6000):  # the engine loads in the background (up to 10 minutes)
-                ping = await (await client.get("/ping")).json()
-                if ping["engine"]["state"] != "loading":
-                    break
-                await asyncio.sleep(0.1)
+            await settled_ping(client)
             reply = await client.get("/ping")
             ping = await reply.json()
             assert reply.status == 503 and ping["engine"]["state"] == "refusing"
