@@ -14,11 +14,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench import common, floor, mixed, startup, suites
+from bench import common, floor, mixed, options, prior, startup, suites
 
 SUITES = ("jevbench", "generation", "order", "overhead", "shared", "prefix", "scaling", "floor")
 # Suites that start their own servers (several configurations, or the start itself).
-OWN_SERVERS = ("mixed", "startup")
+OWN_SERVERS = ("mixed", "startup", "prior", "options")
+# `all` (make bench): prior and options are left out, each is its own long run (see README).
+IN_ALL = (*SUITES, "mixed", "startup")
 
 
 class Endpoint:
@@ -64,6 +66,10 @@ def run_suite(name: str, server: Any, args: argparse.Namespace) -> dict[str, Any
 
 
 def headline(name: str, r: dict[str, Any]) -> str:
+    if name == "options":
+        return options.headline(r)
+    if name == "prior":
+        return prior.headline(r)
     if name == "startup":
         took = r["seconds_to_ping_200"]
         return f"process start to /ping 200: median {took['median']:.1f} s of {len(took['all'])}"
@@ -134,6 +140,21 @@ def headline(name: str, r: dict[str, Any]) -> str:
     return f"clients {rates}; PSS total {pss:.0f} MiB"
 
 
+def write_summary(tag: str, lines: list[str]) -> None:
+    """summary-<tag>.md: this run's header and headlines, and the headlines of suites run
+    before and not now (one run rarely repeats every suite)."""
+    path = common.RESULTS / f"summary-{tag}.md"
+    fresh = {line.split("**")[1] for line in lines if line.startswith("- **")}
+    kept = []
+    if path.exists():
+        kept = [
+            line
+            for line in path.read_text().splitlines()
+            if line.startswith("- **") and line.split("**")[1] not in fresh
+        ]
+    path.write_text("\n".join([*lines, *kept]) + "\n")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m bench",
@@ -156,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--invocations", action="store_true", help="JevBench also via /invocations")
     parser.add_argument("--tag", help="name in the results files (default: the model file stem)")
     args = parser.parse_args(argv)
-    names = (*SUITES, *OWN_SERVERS) if "all" in args.suites else tuple(args.suites)
+    names = IN_ALL if "all" in args.suites else tuple(args.suites)
     if not args.endpoint and not args.model:
         parser.error("give --model or --endpoint")
     tag = args.tag or (args.model.stem if args.model else "endpoint")
@@ -167,6 +188,10 @@ def main(argv: list[str] | None = None) -> int:
         start = time.perf_counter()
         if name == "startup":
             result = startup.run(args.model)
+        elif name == "options":
+            result = options.run(args.model)
+        elif name == "prior":
+            result = prior.run(args.model, args.limit, args.tasks)
         else:
             designs = tuple(args.mixed_designs.split(","))
             result = mixed.run(args.model, args.mixed_seconds, designs)
@@ -176,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
         print(lines[-1], flush=True)
     names = tuple(n for n in names if n not in OWN_SERVERS)
     if not names:
-        (common.RESULTS / f"summary-{tag}.md").write_text("\n".join(lines) + "\n")
+        write_summary(tag, lines)
         return 0
     server: Any = Endpoint(args.endpoint) if args.endpoint else common.start_server(args.model)
     try:
@@ -197,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if not args.endpoint:
             server.stop()
-    (common.RESULTS / f"summary-{tag}.md").write_text("\n".join(lines) + "\n")
+    write_summary(tag, lines)
     return 0
 
 

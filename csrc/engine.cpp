@@ -353,18 +353,16 @@ ScoreResult Engine::score(const std::vector<llama_token>& prefix,
     result.n_ids = static_cast<int32_t>(ids.size());
     result.logits.assign(suffixes.size() * ids.size(), 0.0f);
     result.logsumexp.assign(suffixes.size(), 0.0);
-    ensure_prefix(prefix, result.stats);
-
     auto sink = [&](size_t row_index, size_t, const float* row) {
         read_row(row, ids, &result.logits[row_index * ids.size()], &result.logsumexp[row_index]);
     };
     std::vector<size_t> pending;
     for (size_t i = 0; i < suffixes.size(); ++i) {
-        if (suffixes[i].empty()) {
-            sink(i, 0, prefix_logits_.data());
-        } else {
-            pending.push_back(i);
-        }
+        if (!suffixes[i].empty()) pending.push_back(i);
+    }
+    ensure_prefix(prefix, result.stats);
+    for (size_t i = 0; i < suffixes.size(); ++i) {
+        if (suffixes[i].empty()) sink(i, 0, prefix_logits_.data());
     }
     if (mode == ScoreMode::kRestore) {
         llama_memory_t mem = llama_get_memory(ctx_.get());
@@ -459,6 +457,128 @@ void Engine::set_prefix_state(const uint8_t* data, size_t size,
     }
     seq0_ = tokens;
     prefix_logits_ = logits;
+}
+
+TreeResult Engine::score_tree(const std::vector<llama_token>& prefix,
+                              const std::vector<llama_token>& suffix, const TokenTree& tree) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (prefix.empty()) throw LlamaError(kBadArgument, "prefix must hold at least one token");
+    const size_t n = tree.tokens.size();
+    if (tree.parent.size() != n || tree.ids.size() != n) {
+        throw LlamaError(kBadArgument, "tree: tokens, parent and ids must have one entry per node");
+    }
+    if (tree.root_ids.empty()) throw LlamaError(kBadArgument, "tree: root_ids must not be empty");
+    check_token_ids(prefix, "prefix");
+    check_token_ids(suffix, "suffix");
+    check_token_ids(tree.tokens, "tree token");
+    check_token_ids(tree.root_ids, "root id");
+    std::vector<int32_t> depth(n, 1);
+    std::vector<bool> has_child(n, false);
+    for (size_t i = 0; i < n; ++i) {
+        const int32_t p = tree.parent[i];
+        // Parents before children: the batch order then keeps every sequence's positions rising.
+        if (p < -1 || p >= static_cast<int32_t>(i)) {
+            throw LlamaError(kBadArgument, "tree: node " + std::to_string(i) +
+                                               " needs a parent among the nodes before it");
+        }
+        check_token_ids(tree.ids[i], "node id");
+        if (p >= 0) {
+            depth[i] = depth[p] + 1;
+            has_child[p] = true;
+        }
+    }
+    std::vector<size_t> leaves;
+    for (size_t i = 0; i < n; ++i) {
+        if (!has_child[i]) leaves.push_back(i);
+    }
+    // The suffix may need alignment filler before it; every tree node takes one cell (a node
+    // decoded again in a later group takes a cell that the group before has freed).
+    check_fits(prefix.size(), suffix.size() + n, suffix.empty() ? 0 : 1);
+
+    TreeResult result;
+    result.root_logits.assign(tree.root_ids.size(), 0.0f);
+    result.node_logits.resize(n);
+    result.node_logsumexp.assign(n, 0.0);
+    ensure_prefix(prefix, result.stats);
+    llama_memory_t mem = llama_get_memory(ctx_.get());
+    const llama_pos base = static_cast<llama_pos>(prefix.size() + suffix.size());
+    // Whatever happens below, sequence 0 goes back to the prefix and the branches are emptied.
+    struct Cleanup {
+        Engine* engine;
+        llama_memory_t mem;
+        llama_pos keep;
+        ~Cleanup() {
+            engine->drop_branches();
+            if (!llama_memory_seq_rm(mem, 0, keep, -1)) {
+                // Never leave sequence 0 claiming a prefix it no longer holds alone.
+                llama_memory_clear(mem, true);
+                engine->seq0_.clear();
+                engine->prefix_logits_.clear();
+            }
+        }
+    } cleanup{this, mem, static_cast<llama_pos>(prefix.size())};
+
+    if (suffix.empty()) {
+        read_row(prefix_logits_.data(), tree.root_ids, result.root_logits.data(),
+                 &result.root_logsumexp);
+    } else {
+        auto root = [&](size_t, size_t, const float* row) {
+            read_row(row, tree.root_ids, result.root_logits.data(), &result.root_logsumexp);
+        };
+        decode_branches({Branch{0, &suffix, false}}, prefix.size(), root, result.stats);
+    }
+    if (n == 0) return result;
+
+    // Each leaf gets a branch sequence holding the prompt; the leaves are taken in groups of as
+    // many sequences as there are (a node shared by two groups is decoded in each). The filler
+    // sequence is free here: tree nodes need no alignment (only the first label token, read at
+    // the suffix's end, is held to the one-piece numbers).
+    auto start = Clock::now();
+    const size_t per_group = static_cast<size_t>(std::max(1, n_seq_ - 1));
+    std::vector<bool> done(n, false);
+    Batch batch(n_batch_, n_seq_);
+    for (size_t first = 0; first < leaves.size(); first += per_group) {
+        const size_t last = std::min(leaves.size(), first + per_group);
+        std::vector<std::vector<llama_seq_id>> seqs(n);
+        for (size_t k = first; k < last; ++k) {
+            const auto seq = static_cast<llama_seq_id>(k - first + 1);
+            llama_memory_seq_cp(mem, 0, seq, -1, -1);
+            for (int32_t node = static_cast<int32_t>(leaves[k]); node >= 0;
+                 node = tree.parent[node]) {
+                seqs[node].push_back(seq);
+            }
+        }
+        std::vector<std::pair<size_t, int32_t>> wants;  // node, index in the batch
+        auto flush = [&]() {
+            if (batch.size() == 0) return;
+            decode_or_throw(batch, "option labels");
+            ++result.stats.decode_calls;
+            for (const auto& [node, index] : wants) {
+                const float* row = llama_get_logits_ith(ctx_.get(), index);
+                if (row == nullptr) throw LlamaError(kStateFailed, "missing logits for a label");
+                if (done[node]) continue;
+                result.node_logits[node].assign(tree.ids[node].size(), 0.0f);
+                read_row(row, tree.ids[node], result.node_logits[node].data(),
+                         &result.node_logsumexp[node]);
+                done[node] = true;
+            }
+            wants.clear();
+            batch.clear();
+        };
+        for (size_t i = 0; i < n; ++i) {
+            if (seqs[i].empty()) continue;
+            std::sort(seqs[i].begin(), seqs[i].end());
+            const int32_t index =
+                batch.add_shared(tree.tokens[i], base + depth[i] - 1, seqs[i], true);
+            wants.emplace_back(i, index);
+            result.stats.suffix_tokens += 1;
+            if (batch.full()) flush();
+        }
+        flush();
+        drop_branches();
+    }
+    result.stats.suffix_seconds += seconds_since(start);
+    return result;
 }
 
 ContinuationResult Engine::score_continuations(

@@ -79,6 +79,25 @@ struct ScoreResult {
     ScoreStats stats;
 };
 
+// A tree of label tokens scored after prefix + suffix (see Engine::score_tree). Node i is one
+// token; parent[i] is an earlier node or -1 (the node follows the suffix directly). ids[i] are
+// the tokens whose logits are read at node i's position, root_ids those read at the suffix's
+// last position.
+struct TokenTree {
+    std::vector<llama_token> tokens;
+    std::vector<int32_t> parent;
+    std::vector<std::vector<llama_token>> ids;
+    std::vector<llama_token> root_ids;
+};
+
+struct TreeResult {
+    std::vector<float> root_logits;  // root_ids' logits at the suffix's last position
+    double root_logsumexp = 0.0;
+    std::vector<std::vector<float>> node_logits;  // per node, ids[i]'s logits
+    std::vector<double> node_logsumexp;
+    ScoreStats stats;
+};
+
 struct ContinuationResult {
     std::vector<double> logprob;  // summed log-probability per continuation
     std::vector<int32_t> n_tokens;
@@ -114,6 +133,12 @@ public:
     ScoreResult score(const std::vector<llama_token>& prefix,
                       const std::vector<std::vector<llama_token>>& suffixes,
                       const std::vector<llama_token>& ids, ScoreMode mode);
+    // prefix + suffix evaluated as score() does in restore mode (the suffix on sequence 0, so
+    // the root row equals a one-piece evaluation of the prompt), then every node of the tree
+    // in shared batches: a node's token belongs to the branch sequence of each tree leaf below
+    // it, so it attends to the prompt and its own ancestors only.
+    TreeResult score_tree(const std::vector<llama_token>& prefix,
+                          const std::vector<llama_token>& suffix, const TokenTree& tree);
     ContinuationResult score_continuations(const std::vector<llama_token>& prefix,
                                            const std::vector<std::vector<llama_token>>& conts);
 

@@ -197,6 +197,29 @@ PYBIND11_MODULE(_engine, m) {
              py::arg("prefix"), py::arg("suffixes"), py::arg("ids"), py::arg("mode") = "copy",
              "Logits of `ids` at the last position of prefix + each suffix, the full-vocabulary "
              "logsumexp there, and timing stats.")
+        .def("score_tree",
+             [](Engine& e, const Tokens& prefix, const Tokens& suffix, const Tokens& tokens,
+                const std::vector<int32_t>& parent, const std::vector<Tokens>& ids,
+                const Tokens& root_ids) {
+                 semif::TokenTree tree{tokens, parent, ids, root_ids};
+                 auto r = unlocked([&] { return e.score_tree(prefix, suffix, tree); });
+                 py::array_t<float> root(static_cast<py::ssize_t>(r.root_logits.size()));
+                 std::copy(r.root_logits.begin(), r.root_logits.end(), root.mutable_data());
+                 py::list nodes;
+                 for (const auto& row : r.node_logits) {
+                     py::array_t<float> a(static_cast<py::ssize_t>(row.size()));
+                     std::copy(row.begin(), row.end(), a.mutable_data());
+                     nodes.append(a);
+                 }
+                 py::array_t<double> lse(static_cast<py::ssize_t>(r.node_logsumexp.size()));
+                 std::copy(r.node_logsumexp.begin(), r.node_logsumexp.end(), lse.mutable_data());
+                 return py::make_tuple(root, r.root_logsumexp, nodes, lse, stats_dict(r.stats));
+             },
+             py::arg("prefix"), py::arg("suffix"), py::arg("tokens"), py::arg("parent"),
+             py::arg("ids"), py::arg("root_ids"),
+             "Logits of root_ids at the last position of prefix + suffix (evaluated as score() "
+             "does in restore mode) and of ids[i] at each tree node i, with the "
+             "full-vocabulary logsumexp at each.")
         .def("score_continuations",
              [](Engine& e, const Tokens& prefix, const std::vector<Tokens>& conts) {
                  auto r = unlocked([&] { return e.score_continuations(prefix, conts); });

@@ -40,6 +40,18 @@ public:
         return i;
     }
 
+    // A token shared by several sequences: its KV cell is visible to each of them.
+    int32_t add_shared(llama_token token, llama_pos pos, const std::vector<llama_seq_id>& seqs,
+                       bool logits) {
+        const int32_t i = batch_.n_tokens++;
+        batch_.token[i] = token;
+        batch_.pos[i] = pos;
+        batch_.n_seq_id[i] = static_cast<int32_t>(seqs.size());
+        for (size_t s = 0; s < seqs.size(); ++s) batch_.seq_id[i][s] = seqs[s];
+        batch_.logits[i] = logits ? 1 : 0;
+        return i;
+    }
+
     const llama_batch& get() const { return batch_; }
 
 private:

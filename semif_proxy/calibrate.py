@@ -2,12 +2,14 @@
 logits and labels, by minimising the negative log-likelihood.
 
 Pure numpy, no engine. Dividing logits by a positive temperature never changes the argmax, so
-calibration changes how sure the answers say they are, never which option they pick.
+calibration changes how sure the answers say they are, never which option they pick. A position
+prior (position_prior.py, fitted from unlabelled rotated rows) does change the argmax; when one
+is given, the temperature is fitted on the logits with the prior divided out, as they are
+served.
 """
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -16,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from semif_proxy.position_prior import PositionPrior, json_objects
 from semif_proxy.readout import softmax
 
 GOLDEN = (math.sqrt(5.0) - 1.0) / 2.0
@@ -55,15 +58,7 @@ def parse_prediction(row: dict[str, Any], where: str) -> Prediction:
 
 
 def read_predictions(path: Path) -> list[Prediction]:
-    out = []
-    with path.open(encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            if line.strip():
-                try:
-                    row = json.loads(line)
-                except json.JSONDecodeError as exc:
-                    raise PredictionError(f"{path}:{n}: not JSON: {exc}") from None
-                out.append(parse_prediction(row, f"{path}:{n}"))
+    out = [parse_prediction(row, where) for where, row in json_objects(path, PredictionError)]
     if not out:
         raise PredictionError(f"{path}: no predictions")
     return out
@@ -132,22 +127,45 @@ def prediction_ece(preds: list[Prediction], temperature: float, bins: int = 10) 
     )
 
 
-def calibrate(preds: list[Prediction]) -> dict[str, Any]:
+def debiased(preds: list[Prediction], prior: PositionPrior) -> list[Prediction]:
+    """Each prediction with the prior of its type and option count divided out of its logits,
+    as the server does (the logits are one order's: position j lists option j)."""
+    out = []
+    for p in preds:
+        log_prior = prior.log_prior(p.kind, len(p.logits))
+        logits = p.logits if log_prior is None else p.logits - np.asarray(log_prior)
+        out.append(Prediction(p.kind, logits, p.label))
+    return out
+
+
+def accuracy(preds: list[Prediction]) -> float:
+    return float(np.mean([int(np.argmax(p.logits)) == p.label for p in preds]))
+
+
+def calibrate(preds: list[Prediction], prior: PositionPrior | None = None) -> dict[str, Any]:
     """Per type: fitted temperature, NLL and ECE before/after. The result's `temperature`
-    block is what SEMIF_TEMPERATURE reads (the whole file can be given)."""
+    block is what SEMIF_CALIBRATION (or SEMIF_TEMPERATURE) reads (the whole file can be given).
+    With a position prior, `after` is the prior and the temperature together, and
+    `accuracy_after` the accuracy with the prior (`accuracy` stays the raw one)."""
     kinds = sorted({p.kind for p in preds})
     report: dict[str, Any] = {"temperature": {"default": 1.0}, "types": {}}
     for kind in kinds:
         group = [p for p in preds if p.kind == kind]
-        t = fit_temperature(group)
+        served = group if prior is None else debiased(group, prior)
+        t = fit_temperature(served)
         report["temperature"][kind] = round(t, 6)
         report["types"][kind] = {
             "count": len(group),
             "temperature": t,
             "nll_before": nll(group, 1.0),
-            "nll_after": nll(group, t),
+            "nll_after": nll(served, t),
             "ece_before": prediction_ece(group, 1.0),
-            "ece_after": prediction_ece(group, t),
-            "accuracy": float(np.mean([int(np.argmax(p.logits)) == p.label for p in group])),
+            "ece_after": prediction_ece(served, t),
+            "accuracy": accuracy(group),
         }
+        if prior is not None:
+            report["types"][kind]["accuracy_after"] = accuracy(served)
+            report["types"][kind]["position_prior_applied"] = sum(
+                prior.log_prior(kind, len(p.logits)) is not None for p in group
+            )
     return report

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 from semif_proxy.logs import configure_logging
+from semif_proxy.position_prior import MIN_QUESTIONS
 from semif_proxy.settings import Settings, SettingsError, load_settings
 
 log = logging.getLogger("semif_proxy")
@@ -92,21 +93,76 @@ def cmd_decide(args: argparse.Namespace) -> int:
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
+    from semif_proxy import position_prior
     from semif_proxy.calibrate import PredictionError, calibrate, read_predictions
 
+    if not args.predictions and not args.rows:
+        sys.stderr.write(
+            "semif-proxy calibrate: give --predictions (temperatures), --rows (position prior) "
+            "or both\n"
+        )
+        return 2
+    target = args.target_accuracy
+    if target is not None and not (args.predictions and 0.0 < target <= 1.0):
+        sys.stderr.write(
+            "semif-proxy calibrate: --target-accuracy needs --predictions (labelled rows) and "
+            "a value in (0, 1]\n"
+        )
+        return 2
+    fitted = None
+    report: dict = {"temperature": {"default": 1.0}, "types": {}}
     try:
-        report = calibrate(read_predictions(Path(args.predictions)))
-    except (OSError, PredictionError) as exc:
+        if args.rows:
+            rows = position_prior.read_rows(Path(args.rows))
+            fitted = position_prior.fit(rows, args.min_questions)
+        if args.predictions:
+            prior = fitted.prior if fitted is not None else None
+            preds = read_predictions(Path(args.predictions))
+            report = calibrate(preds, prior)
+    except (OSError, PredictionError, position_prior.RowsError) as exc:
         sys.stderr.write(f"semif-proxy calibrate: {exc}\n")
         return 2
+    if fitted is not None:
+        fit = fitted.report
+        for key, t in fit["tables"].items():
+            prior_text = ", ".join(f"{p:.3f}" for p in t["prior"])
+            sys.stderr.write(
+                f"prior {key:>10}: n={t['questions']:<5} [{prior_text}]  first-listed "
+                f"{t['first_listed_before']:.0%} -> {t['first_listed_after']:.0%} "
+                f"(position-blind {t['first_listed_if_position_blind']:.0%})\n"
+            )
+        if not fit["tables"]:
+            sys.stderr.write(
+                f"no prior fitted: {fit['balanced_rows']} of {fit['rows']} rows were asked in "
+                f"every rotation, and no question type and option count had "
+                f"{fit['min_questions']} of them (ask with permutations: n, or lower "
+                "--min-questions)\n"
+            )
+            if not args.predictions:
+                return 2
+        report["position_prior"] = fitted.prior.as_json()
+        report["position_prior_fit"] = fit
     for kind, r in report["types"].items():
         sys.stderr.write(
             f"{kind:>9}: n={r['count']:<5} T={r['temperature']:.3f}  "
             f"ECE {r['ece_before']:.4f} -> {r['ece_after']:.4f}  "
             f"NLL {r['nll_before']:.4f} -> {r['nll_after']:.4f}  accuracy {r['accuracy']:.3f}\n"
         )
+    if target is not None:
+        # Thresholds on the confidences the server will give: prior and temperature applied.
+        from semif_proxy import abstention
+        from semif_proxy.calibrate import debiased
+
+        served = preds if fitted is None else debiased(preds, fitted.prior)
+        suggestion = abstention.suggest_thresholds(served, target, report["temperature"])
+        report["min_confidence"] = suggestion.pop("min_confidence")
+        report["abstention"] = suggestion
+        for line in abstention.table(suggestion):
+            sys.stderr.write(line + "\n")
     Path(args.output).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
-    sys.stderr.write(f"wrote {args.output}; serve with SEMIF_TEMPERATURE={args.output}\n")
+    sys.stderr.write(f"wrote {args.output}; serve with SEMIF_CALIBRATION={args.output}\n")
+    if target is not None:
+        sys.stderr.write(f"  and SEMIF_MIN_CONFIDENCE={args.output} (abstention thresholds)\n")
     return 0
 
 
@@ -173,13 +229,31 @@ def main(argv: list[str] | None = None) -> int:
     decide.add_argument("request", help="request JSON ({'decision': ...} or {'decisions': [...]})")
     decide.add_argument("--model", help="GGUF file")
     decide.set_defaults(func=cmd_decide)
-    cal = sub.add_parser("calibrate", help="fit a softmax temperature per question type")
+    cal = sub.add_parser(
+        "calibrate", help="fit a softmax temperature per question type and a position prior"
+    )
     cal.add_argument(
         "--predictions",
-        required=True,
         help="JSONL: {type, option_logits, label} (or expected + option_ids) per line",
     )
-    cal.add_argument("--output", default="temperature.json", help="file SEMIF_TEMPERATURE reads")
+    cal.add_argument(
+        "--rows",
+        help="JSONL the server writes (SEMIF_ROWS_LOG): questions asked in rotated orders, "
+        "unlabelled; fits the position prior",
+    )
+    cal.add_argument(
+        "--min-questions",
+        type=int,
+        default=MIN_QUESTIONS,
+        help="fewest questions asked in every rotation for a prior at one type and option count",
+    )
+    cal.add_argument(
+        "--target-accuracy",
+        type=float,
+        help="also suggest min_confidence thresholds per question type and option count that "
+        "keep answers right this often (0-1; SEMIF_MIN_CONFIDENCE reads the file)",
+    )
+    cal.add_argument("--output", default="temperature.json", help="file SEMIF_CALIBRATION reads")
     cal.set_defaults(func=cmd_calibrate)
     ev = sub.add_parser("eval", help="score targets on labelled rows (JevBench or decisions)")
     ev.add_argument("rows", help="JSONL: JevBench rows or {'decision': ..., 'expected': id}")

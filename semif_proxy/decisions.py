@@ -13,9 +13,9 @@ from typing import Any
 
 import numpy as np
 
-from semif_proxy import rotations
+from semif_proxy import rotations, rows_log
 from semif_proxy.engine import DecisionEngine, Question, Scored
-from semif_proxy.prompt import PROMPT_VERSION, prompt_sha256
+from semif_proxy.prompt import prompt_sha256
 from semif_proxy.rotations import Rotated
 from semif_proxy.schemas import (
     Decision,
@@ -25,8 +25,6 @@ from semif_proxy.schemas import (
     check_shared,
     parse,
 )
-
-READOUT = "letter-logits"
 
 
 @dataclass(frozen=True)
@@ -38,16 +36,27 @@ class DecisionRequest:
     single: bool  # {"decision": ...} rather than {"decisions": [...]}
 
 
-def parse_request(body: dict[str, Any], max_decisions: int | None = None) -> DecisionRequest:
+def parse_request(
+    body: dict[str, Any], max_decisions: int | None = None, max_options: int | None = None
+) -> DecisionRequest:
     """Validate a body of either shape (400/413 with the exact field on failure); the count
-    limit is SEMIF_MAX_DECISIONS on the server, none on the command line."""
-    if "decision" in body:
-        single = parse(SingleRequest, body)
-        return DecisionRequest([single.decision], ["decision"], single=True)
+    limits are SEMIF_MAX_DECISIONS and SEMIF_MAX_OPTIONS on the server, none on the command
+    line (past the API's own 255 options)."""
     if max_decisions is not None and isinstance(body.get("decisions"), list):
         # Counted before validation: validating (and reporting) a million bad entries is
         # seconds of work and gigabytes of error objects on the event loop.
         check_count(len(body["decisions"]), "decisions", max_decisions)
+    if max_options is not None:
+        listed = [("decision", body.get("decision"))]
+        if isinstance(body.get("decisions"), list):
+            listed = [(f"decisions[{i}]", d) for i, d in enumerate(body["decisions"])]
+        for path, decision in listed:
+            options = decision.get("options") if isinstance(decision, dict) else None
+            if isinstance(options, list):
+                check_count(len(options), f"{path}.options", max_options, "SEMIF_MAX_OPTIONS")
+    if "decision" in body:
+        single = parse(SingleRequest, body)
+        return DecisionRequest([single.decision], ["decision"], single=True)
     shared = parse(SharedRequest, body)
     check_shared(shared)
     paths = [f"decisions[{i}]" for i in range(len(shared.decisions))]
@@ -61,6 +70,7 @@ def rotated_questions(
     rotations it asks for (or SEMIF_PERMUTATIONS)."""
     settings = engine.settings
     temperature = settings.temperature.for_type("decision")
+    prior = settings.position_prior
     return [
         Rotated.of(
             Question(
@@ -71,6 +81,9 @@ def rotated_questions(
                 descriptions=tuple(o.description for o in d.options),
                 temperature=temperature,
                 return_prompt=d.return_prompt,
+                log_position_prior=(
+                    prior.log_prior("decision", len(d.options)) if d.position_prior else None
+                ),
             ),
             d.permutations or settings.permutations,
         )
@@ -88,7 +101,7 @@ def rotation_fields(orders: list[list[int]], runs: Sequence[Scored]) -> dict[str
         "option_logits": [float(v) for v in np.mean(logits, axis=0)],
         "input_tokens": sum(r.input_tokens for r in runs),
         "allowed_token_mass": float(np.mean([r.allowed_token_mass for r in runs])),
-        "readout": f"{READOUT}, mean of {len(runs)} rotations",
+        "readout": f"{runs[0].readout}, mean of {len(runs)} rotations",
         "rotations": {
             "orders": orders,
             "option_logits": [[float(v) for v in row] for row in logits],
@@ -113,8 +126,10 @@ def result_body(
         "input_tokens": first.input_tokens,
         "allowed_token_mass": first.allowed_token_mass,
         "prompt_sha256": prompt_sha256(first.prompt),
-        "prompt_version": PROMPT_VERSION,
-        "readout": READOUT,
+        "prompt_version": first.prompt_version,
+        "readout": first.readout,
+        # Whether a fitted position prior (SEMIF_CALIBRATION) was divided out of probabilities.
+        "position_prior": "applied" if first.question.log_position_prior else "none",
         "model": model_info,
         "timing": {
             "forward_seconds": timing["forward_seconds"],
@@ -123,6 +138,8 @@ def result_body(
     }
     if len(runs) > 1:
         body.update(rotation_fields(orders, runs))
+    if first.first_token_logits is not None:
+        body["first_token_logits"] = [float(v) for v in first.first_token_logits]
     if decision.return_prompt:
         body["prompt"] = first.prompt
     return body
@@ -135,6 +152,22 @@ def decide(
     asked = rotated_questions(engine, decisions, paths)
     evaluation = engine.evaluate_checked(rotations.flatten(asked))
     runs = rotations.regroup(asked, evaluation.scored)
+    rows_log.record(
+        engine.settings.rows_log,
+        (
+            rows_log.question_line(
+                engine.model_info,
+                "decisions",
+                "decision",
+                d.id,
+                [o.id for o in d.options],
+                r.orders,
+                scored,
+            )
+            for d, r, scored in zip(decisions, asked, runs)
+            if len(d.options) > 1  # one option: no model call, nothing to learn from
+        ),
+    )
     bodies = [
         result_body(engine.model_info, d, r.orders, scored, evaluation.timing)
         for d, r, scored in zip(decisions, asked, runs)

@@ -22,18 +22,30 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from semif_proxy import native, readout
+from semif_proxy import label_tree, native, readout
 from semif_proxy.errors import (
     Cancelled,
     EngineFailure,
+    InvalidRequest,
     PayloadTooLarge,
     Unavailable,
 )
 from semif_proxy.examples import ROUTING_OPTIONS, ROUTING_QUESTION, ROUTING_STATE
 from semif_proxy.injection import SpecialTokenPolicy
+from semif_proxy.label_tree import LabelTree
 from semif_proxy.model_files import model_sha256
 from semif_proxy.prefix_cache import PrefixCache
-from semif_proxy.prompt import ChatTemplate, check_letters, render_decision
+from semif_proxy.prompt import (
+    NUMBER_LABELS,
+    ChatTemplate,
+    Labels,
+    RenderedPrompt,
+    check_letters,
+    check_numbers,
+    decision_messages,
+    labels_for,
+    render_decision,
+)
 from semif_proxy.settings import Settings
 
 log = logging.getLogger("semif_proxy.engine")
@@ -41,6 +53,23 @@ T = TypeVar("T")
 # Letter logits of a split evaluation may differ from the one-piece evaluation by this much when
 # layers run on a GPU (its kernels are not bit-exact); on the CPU they must be identical.
 GPU_TOLERANCE = 1e-3
+# What an answer's numbers are (named in every answer as `readout`).
+LETTER_READOUT = "letter-logits"
+SEQUENCE_READOUT = "label-sequence-logprobs"
+SINGLE_OPTION = "single-option"  # probability 1, no model call
+NO_MODEL_TIMING: dict[str, Any] = {
+    "mode": "no_model_call",
+    "prefix_proven": False,
+    "prefix_tokens": 0,
+    "prefix_boundary_tokens": 0,
+    "prefix_alignment_tokens": 0,
+    "prefix_reused_tokens": 0,
+    "prefix_cache_hit": False,
+    "prefill_seconds": 0.0,
+    "suffix_tokens": 0,
+    "suffix_seconds": 0.0,
+    "prompt_heads": 0,
+}
 
 
 @dataclass(frozen=True)
@@ -54,16 +83,70 @@ class Question:
     descriptions: tuple[str, ...]
     temperature: float = 1.0
     return_prompt: bool = False
+    # Log of the model's prior on each listed position (PriDe), subtracted from the option
+    # logits before the softmax; None: no prior. Raw option logits are reported unchanged.
+    log_position_prior: tuple[float, ...] | None = None
 
 
 @dataclass
 class Scored:
     question: Question
+    # Letters: each letter's raw logit. Numbers: each label sequence's log-probability.
     option_logits: np.ndarray
     probabilities: np.ndarray
     allowed_token_mass: float
     input_tokens: int
     prompt: str
+    readout: str = LETTER_READOUT
+    prompt_version: str | None = None
+    # Numbers: the raw logit of each option's first label token at the prompt's last position.
+    first_token_logits: np.ndarray | None = None
+
+
+def add_stats(total: dict[str, Any], more: dict[str, Any]) -> dict[str, Any]:
+    """Stats of several engine calls on one prefix: seconds and tokens add up, the prefix was
+    reused (or restored from the cache) as the first call found it."""
+    if not total:
+        return dict(more)
+    out = dict(total)
+    for key in ("prefill_seconds", "suffix_seconds", "suffix_tokens"):
+        out[key] = total[key] + more[key]
+    return out
+
+
+def merge_timings(timings: list[dict[str, Any]]) -> dict[str, Any]:
+    """One request's timing over its prompt heads (letters and numbers have their own)."""
+    if len(timings) == 1:
+        return {**timings[0], "prompt_heads": 1}
+    out = dict(timings[0])
+    if len({t["mode"] for t in timings}) > 1:
+        out["mode"] = "mixed"
+    for key in (
+        "prefix_tokens",
+        "prefix_reused_tokens",
+        "prefill_seconds",
+        "suffix_tokens",
+        "suffix_seconds",
+    ):
+        out[key] = sum(t[key] for t in timings)
+    out["prefix_proven"] = all(t["prefix_proven"] for t in timings)
+    out["prefix_cache_hit"] = any(t["prefix_cache_hit"] for t in timings)
+    out["prompt_heads"] = len(timings)
+    return out
+
+
+@dataclass(frozen=True)
+class GroupPlan:
+    """The questions of a request that share one prompt head, ready to evaluate."""
+
+    questions: list[Question]
+    rendered: list[RenderedPrompt]
+    fulls: list[list[int]]
+    state_tokens: list[int]
+    prefix: list[int]  # the proven, aligned split; empty: each prompt whole
+    boundary: int
+    trees: list[LabelTree | None]  # per question: its label tree (numbers) or None (letters)
+    evaluated: int  # tokens the group evaluates
 
 
 @dataclass
@@ -151,6 +234,20 @@ class DecisionEngine:
             sample,
         )
         self.letter_ids = list(check.token_ids)
+        numbers_messages = decision_messages("evidence", "criterion", ["a", "b"], NUMBER_LABELS)
+        self.numbers = check_numbers(
+            self.tokenize_prompt,
+            lambda text: core.tokenize(text, add_special=False, parse_special=False),
+            self.template.render(numbers_messages),
+            self.template.answer_end(numbers_messages, "1"),
+            core.eos,
+        )
+        self._trees: dict[int, LabelTree] = {}
+        if self.numbers.reason:
+            log.warning(
+                "numbered labels unavailable",
+                extra={"event": "number_check", "reason": self.numbers.reason},
+            )
         self.unavailable_reason: str | None = None
         self.exactness: ExactnessCheck | None = None
         if not check.ok:
@@ -305,7 +402,7 @@ class DecisionEngine:
         alone reaches the prompt limit. No token is longer than the vocabulary's longest piece:
         a state with more bytes than limit x that cannot fit, and is refused before the
         tokenizer reads all of it."""
-        head = render_decision(self.template, first.state, first.question, first.descriptions)
+        head = self._render(first)
         limit = self.settings.prompt_token_limit
         size = len(head.state_prefix.encode("utf-8"))
         count = -(-size // self.max_token_bytes)
@@ -363,12 +460,24 @@ class DecisionEngine:
         self.core.set_prefix_state(state, prefix, logits)
         return True
 
-    def _score(self, prefix: list[int], suffixes: list[list[int]]) -> tuple[Any, Any, dict]:
+    def _cached(self, prefix: list[int], call: Callable[[], tuple[T, dict]]) -> tuple[T, dict]:
+        """An engine call on this prefix, through the prefix cache: restored from it when held
+        there, put into it after a fresh prefill."""
         hit = self._restore_cached(prefix)
-        logits, lse, stats = self.core.score(prefix, suffixes, self.letter_ids, self.branch_mode)
+        result, stats = call()
         if not hit and self.cache.worth_caching(prefix) and stats["prefix_reused"] == 0:
             self.cache.put(prefix, self.core.get_prefix_state(), self.core.get_prefix_logits())
         stats["prefix_cache_hit"] = hit
+        return result, stats
+
+    def _score(self, prefix: list[int], suffixes: list[list[int]]) -> tuple[Any, Any, dict]:
+        def call() -> tuple[tuple[Any, Any], dict]:
+            logits, lse, stats = self.core.score(
+                prefix, suffixes, self.letter_ids, self.branch_mode
+            )
+            return (logits, lse), stats
+
+        (logits, lse), stats = self._cached(prefix, call)
         return logits, lse, stats
 
     # -- exactness -------------------------------------------------------------------------------
@@ -396,6 +505,10 @@ class DecisionEngine:
             return ExactnessCheck(True, 0.0, tolerance, 0, [], self.branch_mode, 0.0)
         suffixes = [f[len(prefix) :] for f in fulls]
         self.core.reset()
+        # The prefix first, alone: every question is then decoded after a held prefix, the path
+        # whose cell placement is in question (a first question evaluated together with a fresh
+        # prefix is a one-piece evaluation by construction).
+        self.core.score(prefix, [[]], self.letter_ids)
         split, _, _ = self.core.score(prefix, suffixes, self.letter_ids, self.branch_mode)
         whole = []
         for full in fulls:
@@ -419,29 +532,138 @@ class DecisionEngine:
     # -- evaluation (engine thread) ------------------------------------------------------------
 
     def evaluate(self, questions: Sequence[Question]) -> Evaluation:
-        """Score questions that share one state: one prefill, the questions as branches."""
+        """Score questions that share one state: one prefill per prompt head (letters and
+        numbers have their own system text), the questions as branches. A question with one
+        option is answered without the model."""
         if self.unavailable_reason:
             raise Unavailable(self.unavailable_reason)
         start = time.perf_counter()
         self._check_special_tokens(questions)
-        self._check_budget(questions)
-        rendered = [
-            render_decision(self.template, q.state, q.question, q.descriptions) for q in questions
-        ]
-        fulls = [self.tokenize_prompt(r.text) for r in rendered]
-        self._check_limits(questions, fulls)
-        state_tokens = self.tokenize_prompt(rendered[0].state_prefix)
-        prefix, boundary = self.split(state_tokens, fulls)
-        proven = len(prefix) > 0 and all(
-            r.state_prefix == rendered[0].state_prefix for r in rendered
-        )
-        rows: list[tuple[np.ndarray, float]] = []
-        if proven:
-            suffixes = [f[len(prefix) :] for f in fulls]
-            evaluated = len(prefix) + sum(len(s) for s in suffixes)
+        asked = [i for i, q in enumerate(questions) if len(q.descriptions) > 1]
+        for i in asked:
+            self._check_label_scheme(questions[i])
+        scored: list[Scored | None] = [None] * len(questions)
+        timing: dict[str, Any] = dict(NO_MODEL_TIMING)
+        evaluated = 0
+        if asked:
+            self._check_budget([questions[i] for i in asked])
+            rendered = {i: self._render(questions[i]) for i in asked}
+            groups: dict[str, list[int]] = {}
+            for i in asked:
+                groups.setdefault(rendered[i].state_prefix, []).append(i)
+            timings = []
+            fulls = {i: self.tokenize_prompt(rendered[i].text) for i in asked}
+            self._check_limits([questions[i] for i in asked], [fulls[i] for i in asked])
+            plans = [
+                self._plan_group(
+                    [questions[i] for i in members],
+                    [rendered[i] for i in members],
+                    [fulls[i] for i in members],
+                    head,
+                )
+                for head, members in groups.items()
+            ]
+            # The whole request against its budget before any group's work starts.
+            evaluated = sum(plan.evaluated for plan in plans)
             self._check_request_tokens(evaluated)
-            logits, lse, stats = self._score(prefix, suffixes)
-            rows = [(logits[i], float(lse[i])) for i in range(len(questions))]
+            for members, plan in zip(groups.values(), plans):
+                group_scored, group_timing = self._evaluate_group(plan)
+                for i, row in zip(members, group_scored):
+                    scored[i] = row
+                timings.append(group_timing)
+            timing = merge_timings(timings)
+        for i, q in enumerate(questions):
+            if scored[i] is None:
+                scored[i] = self._single_option(q)
+        timing["forward_seconds"] = timing["prefill_seconds"] + timing["suffix_seconds"]
+        timing["total_seconds"] = time.perf_counter() - start
+        return Evaluation(
+            scored=[s for s in scored if s is not None], timing=timing, evaluated_tokens=evaluated
+        )
+
+    def labels_for(self, n: int) -> Labels:
+        return labels_for(n, self.settings.labels)
+
+    def _render(self, q: Question) -> RenderedPrompt:
+        labels = self.labels_for(len(q.descriptions))
+        return render_decision(self.template, q.state, q.question, q.descriptions, labels)
+
+    def _check_label_scheme(self, q: Question) -> None:
+        if self.labels_for(len(q.descriptions)) is NUMBER_LABELS and self.numbers.reason:
+            raise InvalidRequest(
+                f"{q.path}.options: {len(q.descriptions)} options need numbered labels, which "
+                f"this model cannot score: {self.numbers.reason}",
+                field=f"{q.path}.options",
+            )
+
+    def tree_for(self, n: int) -> LabelTree:
+        if n not in self._trees:
+            self._trees[n] = label_tree.build(self.numbers.tokens[:n], self.numbers.end)
+        return self._trees[n]
+
+    def _single_option(self, q: Question) -> Scored:
+        """One option: probability 1 whatever the model would say, so it is not asked."""
+        rendered = self._render(q)
+        return Scored(
+            question=q,
+            option_logits=np.zeros(1),
+            probabilities=np.ones(1),
+            allowed_token_mass=1.0,
+            input_tokens=0,
+            prompt=rendered.text,
+            readout=SINGLE_OPTION,
+            prompt_version=None,
+        )
+
+    def _plan_group(
+        self,
+        questions: list[Question],
+        rendered: list[RenderedPrompt],
+        fulls: list[list[int]],
+        head: str,
+    ) -> GroupPlan:
+        """Questions whose prompts share one head: the split after the state (empty when it is
+        not proven: each prompt then goes whole) and the tokens the group evaluates."""
+        state_tokens = self.tokenize_prompt(head)
+        prefix, boundary = self.split(state_tokens, fulls)
+        trees = [
+            self.tree_for(len(q.descriptions))
+            if self.labels_for(len(q.descriptions)) is NUMBER_LABELS
+            else None
+            for q in questions
+        ]
+        tree_tokens = sum(t.nodes for t in trees if t is not None)
+        if prefix:
+            evaluated = len(prefix) + sum(len(f) - len(prefix) for f in fulls) + tree_tokens
+        else:
+            evaluated = sum(len(f) for f in fulls) + tree_tokens
+        return GroupPlan(
+            questions, rendered, fulls, state_tokens, prefix, boundary, trees, evaluated
+        )
+
+    def _evaluate_group(self, plan: GroupPlan) -> tuple[list[Scored], dict[str, Any]]:
+        questions, rendered, fulls = plan.questions, plan.rendered, plan.fulls
+        prefix, boundary, trees, state_tokens = (
+            plan.prefix,
+            plan.boundary,
+            plan.trees,
+            plan.state_tokens,
+        )
+        rows: list[Any] = [None] * len(questions)  # per question: (row, logsumexp, first)
+        if prefix:
+            suffixes = [f[len(prefix) :] for f in fulls]
+            lettered = [i for i, t in enumerate(trees) if t is None]
+            stats: dict[str, Any] = {}
+            if lettered:
+                logits, lse, stats = self._score(prefix, [suffixes[i] for i in lettered])
+                for k, i in enumerate(lettered):
+                    rows[i] = (logits[k], float(lse[k]), None)
+            for i, tree in enumerate(trees):
+                if tree is not None:
+                    rows[i], more = self._cached(
+                        prefix, lambda i=i, tree=tree: self._score_tree(prefix, suffixes[i], tree)
+                    )
+                    stats = add_stats(stats, more)
             timing = {
                 "mode": "shared_prefix",
                 "prefix_proven": True,
@@ -457,13 +679,14 @@ class DecisionEngine:
         else:
             # The state's tokens are not a clean prefix of every prompt (a merge across the
             # boundary): evaluate each prompt whole rather than trust a wrong split.
-            evaluated = sum(len(f) for f in fulls)
-            self._check_request_tokens(evaluated)
             prefill = 0.0
-            for f in fulls:
-                logits, lse, stats = self.core.score(f, [[]], self.letter_ids)
-                rows.append((logits[0], float(lse[0])))
-                prefill += stats["prefill_seconds"]
+            for i, (f, tree) in enumerate(zip(fulls, trees)):
+                if tree is None:
+                    logits, lse, stats = self.core.score(f, [[]], self.letter_ids)
+                    rows[i] = (logits[0], float(lse[0]), None)
+                else:
+                    rows[i], stats = self._score_tree(f, [], tree)
+                prefill += stats["prefill_seconds"] + stats["suffix_seconds"]
             timing = {
                 "mode": "full_evaluation",
                 "prefix_proven": False,
@@ -477,21 +700,42 @@ class DecisionEngine:
                 "suffix_seconds": 0.0,
             }
         scored = []
-        for q, r, f, (row, lse_value) in zip(questions, rendered, fulls, rows):
+        for q, r, f, tree, (row, lse_value, first) in zip(questions, rendered, fulls, trees, rows):
             option_logits = np.asarray(row[: len(q.descriptions)], dtype=np.float64)
+            labels = self.labels_for(len(q.descriptions))
             scored.append(
                 Scored(
                     question=q,
                     option_logits=option_logits,
-                    probabilities=readout.softmax(option_logits, q.temperature),
+                    probabilities=readout.softmax(
+                        option_logits
+                        if q.log_position_prior is None
+                        else option_logits - np.asarray(q.log_position_prior, np.float64),
+                        q.temperature,
+                    ),
                     allowed_token_mass=readout.allowed_token_mass(option_logits, lse_value),
                     input_tokens=len(f),
                     prompt=r.text,
+                    readout=LETTER_READOUT if tree is None else SEQUENCE_READOUT,
+                    prompt_version=labels.prompt_version,
+                    first_token_logits=first,
                 )
             )
-        timing["forward_seconds"] = timing["prefill_seconds"] + timing["suffix_seconds"]
-        timing["total_seconds"] = time.perf_counter() - start
-        return Evaluation(scored=scored, timing=timing, evaluated_tokens=evaluated)
+        return scored, timing
+
+    def _score_tree(
+        self, prefix: list[int], suffix: list[int], tree: LabelTree
+    ) -> tuple[tuple[np.ndarray, float, np.ndarray], dict[str, Any]]:
+        """A numbered question: its options' label-sequence log-probabilities (the row), 0 as
+        their logsumexp (they are normalised already), and the first tokens' raw logits."""
+        root, root_lse, nodes, node_lse, stats = self.core.score_tree(
+            prefix, suffix, tree.tokens, tree.parent, tree.ids, tree.root_ids
+        )
+        logprobs = tree.logprobs(root, root_lse, nodes, node_lse)
+        first = np.asarray(
+            [root[tree.first_token_index(i)] for i in range(len(tree.sequences))], np.float64
+        )
+        return (logprobs, 0.0, first), stats
 
     def evaluate_checked(self, questions: Sequence[Question]) -> Evaluation:
         """evaluate(), with llama.cpp failures turned into domain errors."""

@@ -178,7 +178,7 @@ def _plan(raw: bytes, settings: Settings, sha256: str) -> tuple[str, Work]:
     if shape in ("decisions", "systemone"):
         check_prompts(body, shape, settings)
     if shape == "decisions":
-        parsed = decisions.parse_request(body, settings.max_decisions)
+        parsed = decisions.parse_request(body, settings.max_decisions, settings.max_options)
 
         def decide(engine: DecisionEngine) -> tuple[dict[str, Any], int]:
             return decisions.answer(engine, parsed)

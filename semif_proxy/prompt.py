@@ -1,7 +1,9 @@
 """The decision prompt (SemIf letter method): rendering and the token checks it relies on.
 
-Pure functions: no HTTP, no engine. The model sees the evidence, the criterion and lettered
-options; option ids never reach the prompt, so renaming an id cannot change an answer.
+Pure functions: no HTTP, no engine. The model sees the evidence, the criterion and labelled
+options; option ids never reach the prompt, so renaming an id cannot change an answer. Up to
+26 options are lettered (A..Z: one token each, read from one position's logits); more, up to
+255, are numbered (1..255: a few tokens each, scored as label sequences, see label_tree.py).
 """
 
 from __future__ import annotations
@@ -19,12 +21,52 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 PROMPT_VERSION = "semif-letter-v1"
 LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
-# One letter per option: the most options a decision (or a System One question) can have.
-MAX_OPTIONS = len(LETTERS)
+# The most options a decision (or a System One question) can have: Jev's own limit.
+MAX_OPTIONS = 255
 SYSTEM_TEXT = (
     "You are a careful decision function. Apply the criterion to the evidence and choose the "
     "one listed option that fits best. Answer with only the letter of that option, nothing else."
 )
+
+
+@dataclass(frozen=True)
+class Labels:
+    """How options are labelled in the prompt, and the prompt version that names it."""
+
+    name: str
+    prompt_version: str
+    key: str  # the label's key in each listed option
+    limit: int
+    system_text: str
+
+    def of(self, n: int) -> list[str]:
+        if n > self.limit:
+            raise ValueError(f"{self.name} label at most {self.limit} options, not {n}")
+        return list(LETTERS[:n]) if self.name == "letters" else [str(i + 1) for i in range(n)]
+
+
+LETTER_LABELS = Labels("letters", PROMPT_VERSION, "letter", len(LETTERS), SYSTEM_TEXT)
+# Numbers: every model here splits them digit by digit (3 tokens at most for 255), and a
+# numbered list is the form long catalogues take in text. "1" is a prefix of "12": the end of
+# the answer is scored after such labels (label_tree.py).
+NUMBER_LABELS = Labels(
+    "numbers",
+    "semif-number-v1",
+    "number",
+    MAX_OPTIONS,
+    "You are a careful decision function. Apply the criterion to the evidence and choose the "
+    "one listed option that fits best. Answer with only the number of that option, nothing else.",
+)
+
+
+def labels_for(n: int, scheme: str = "auto") -> Labels:
+    """Letters up to 26 options (one token each, exact), numbers beyond (or always, when the
+    operator asks for numbers)."""
+    if scheme == "numbers" or n > LETTER_LABELS.limit:
+        return NUMBER_LABELS
+    return LETTER_LABELS
+
+
 CHATML_TEMPLATE = (
     "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + "
     "message['content'] + '<|im_end|>' + '\n' }}{% endfor %}"
@@ -42,11 +84,14 @@ class RenderedPrompt:
     state_prefix: str  # text up to the end of the evidence: shared by every question on it
 
 
-def user_payload(state: Any, question: str, descriptions: Sequence[str]) -> dict[str, Any]:
+def user_payload(
+    state: Any, question: str, descriptions: Sequence[str], labels: Labels = LETTER_LABELS
+) -> dict[str, Any]:
+    names = labels.of(len(descriptions))
     return {
         "evidence": state,
         "criterion": question,
-        "options": [{"letter": LETTERS[i], "description": d} for i, d in enumerate(descriptions)],
+        "options": [{labels.key: names[i], "description": d} for i, d in enumerate(descriptions)],
     }
 
 
@@ -84,11 +129,20 @@ class ChatTemplate:
         # would give two.
         self._strip_bos = strip_bos and bool(bos_token)
 
-    def render(self, messages: list[dict[str, str]]) -> str:
+    def answer_end(self, messages: list[dict[str, str]], answer: str) -> str | None:
+        """The text the template writes after an assistant answer (its end of turn), or None
+        when the conversation with the answer does not extend the prompt."""
+        prompt = self.render(messages)
+        whole = self.render([*messages, {"role": "assistant", "content": answer}], False)
+        if not whole.startswith(prompt + answer):
+            return None
+        return whole[len(prompt) + len(answer) :]
+
+    def render(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
         try:
             text = self._template.render(
                 messages=messages,
-                add_generation_prompt=True,
+                add_generation_prompt=add_generation_prompt,
                 enable_thinking=False,
                 bos_token=self._bos,
                 eos_token=self._eos,
@@ -100,14 +154,25 @@ class ChatTemplate:
         return text
 
 
-def render_decision(
-    template: ChatTemplate, state: Any, question: str, descriptions: Sequence[str]
-) -> RenderedPrompt:
-    content = _dumps(user_payload(state, question, descriptions))
-    messages = [
-        {"role": "system", "content": SYSTEM_TEXT},
-        {"role": "user", "content": content},
+def decision_messages(
+    state: Any, question: str, descriptions: Sequence[str], labels: Labels | None = None
+) -> list[dict[str, str]]:
+    labels = labels or labels_for(len(descriptions))
+    return [
+        {"role": "system", "content": labels.system_text},
+        {"role": "user", "content": _dumps(user_payload(state, question, descriptions, labels))},
     ]
+
+
+def render_decision(
+    template: ChatTemplate,
+    state: Any,
+    question: str,
+    descriptions: Sequence[str],
+    labels: Labels | None = None,
+) -> RenderedPrompt:
+    messages = decision_messages(state, question, descriptions, labels)
+    content = messages[1]["content"]
     text = template.render(messages)
     # '{"evidence": <state>' is a text prefix of the user turn because the key comes first.
     state_part = _dumps({"evidence": state})[:-1]
@@ -153,3 +218,40 @@ def check_letters(
             problems.append(f"prompt + {letter!r} does not tokenize as prompt tokens + [{token}]")
         ids.append(token)
     return LetterCheck(ok=not problems, token_ids=tuple(ids), problems=tuple(problems))
+
+
+@dataclass(frozen=True)
+class NumberCheck:
+    tokens: tuple[tuple[int, ...], ...]  # label "1".."255"'s tokens after a prompt
+    end: int  # the token that ends an answer (end of turn)
+    reason: str | None  # why numbered labels cannot be scored with this model, or None
+
+
+def check_numbers(
+    tokenize_prompt: Callable[[str], list[int]],
+    tokenize_text: Callable[[str], list[int]],
+    sample_prompt: str,
+    answer_end: str | None,
+    eos: int,
+) -> NumberCheck:
+    """Each number label appended to a rendered prompt must append exactly its own tokens (no
+    merge across the answer boundary), and the end of an answer must be one known token."""
+    base = tokenize_prompt(sample_prompt)
+    labels = NUMBER_LABELS.of(MAX_OPTIONS)
+    tokens: list[tuple[int, ...]] = []
+    problems: list[str] = []
+    for label in labels:
+        alone = tuple(tokenize_text(label))
+        if tokenize_prompt(sample_prompt + label) != [*base, *alone]:
+            problems.append(f"prompt + {label!r} does not tokenize as prompt tokens + {alone}")
+        tokens.append(alone)
+    end = eos
+    if answer_end:
+        after = tokenize_prompt(sample_prompt + "1" + answer_end)
+        head = [*base, *tokens[0]]
+        if after[: len(head)] == head and len(after) > len(head):
+            end = after[len(head)]
+    if end < 0:
+        problems.append("the model has no end-of-turn token")
+    reason = "; ".join(problems[:3]) or None
+    return NumberCheck(tokens=tuple(tokens), end=end, reason=reason)

@@ -33,10 +33,13 @@ class Decision(BaseModel):
     id: NonEmpty
     state: State
     question: NonEmpty
-    options: list[Option] = Field(min_length=2, max_length=MAX_OPTIONS)
+    # One option is answered without the model (probability 1); Jev allows 1..255.
+    options: list[Option] = Field(min_length=1, max_length=MAX_OPTIONS)
     return_prompt: bool = False
     # Cyclic rotations of the option order to average (None: SEMIF_PERMUTATIONS, default 1).
     permutations: int | None = Field(None, ge=1, le=MAX_OPTIONS)
+    # false: no fitted position prior (SEMIF_CALIBRATION) is applied to this decision.
+    position_prior: bool = True
 
     @field_validator("options")
     @classmethod
@@ -85,8 +88,9 @@ def check_shared(request: SharedRequest) -> None:
 def check_count(count: int, field: str, limit: int, variable: str = "SEMIF_MAX_DECISIONS") -> None:
     """A per-request count limit (413 naming the field, the limit and its setting)."""
     if count > limit:
+        noun = field.rsplit(".", 1)[-1]
         raise PayloadTooLarge(
-            f"{field}: {count} {field}, over the limit of {limit} ({variable})",
+            f"{field}: {count} {noun}, over the limit of {limit} ({variable})",
             field=field,
             count=count,
             limit=limit,

@@ -15,9 +15,13 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from semif_proxy import redact
+from semif_proxy.abstention import Thresholds
+from semif_proxy.abstention import from_setting as min_confidence_from_setting
 from semif_proxy.cpu import ThreadPlan, plan_threads
 from semif_proxy.llama_args import PREFIX, LlamaArgsError, llama_server_args
 from semif_proxy.model_files import ModelNotFoundError, discover_model
+from semif_proxy.position_prior import PositionPrior
+from semif_proxy.position_prior import from_json as position_prior_from_json
 from semif_proxy.prompt import MAX_OPTIONS
 
 DEFAULT_MAX_BODY_BYTES = 6 << 20
@@ -73,6 +77,10 @@ class Settings(BaseModel):
     # Where ggml's loadable backends are (GGML_BACKEND_DL builds); None: libllama's folder.
     backend_dir: Path | None = None
     temperature: Temperature = Temperature()
+    # Fitted position priors (`semif-proxy calibrate --rows`), read with the temperatures.
+    position_prior: PositionPrior = PositionPrior()
+    # Where every answered question's per-order option logits go (JSON lines); None: nowhere.
+    rows_log: Path | None = None
 
     # Limits
     # SageMaker's own payload limit for a real-time invocation (6 MB) and Batch Transform's
@@ -81,6 +89,8 @@ class Settings(BaseModel):
     max_decisions: int = Field(32, ge=1, le=1024)
     # System One: questions per request (and per state of a batch), states per batch.
     max_questions: int = Field(64, ge=1, le=1024)
+    # Options per decision or System One question (Jev's own limit is 255, the most here).
+    max_options: int = Field(MAX_OPTIONS, ge=1, le=MAX_OPTIONS)
     max_batch_states: int = Field(64, ge=1, le=1024)
     # Lines of one JSON Lines call (Batch Transform packs lines by bytes, up to MaxPayloadInMB).
     max_batch_lines: int = Field(1000, ge=1, le=1_000_000)
@@ -93,6 +103,11 @@ class Settings(BaseModel):
     request_timeout: float = Field(55.0, gt=0.0)
     prefix_cache_mb: int = Field(256, ge=0)
     permutations: int = Field(1, ge=1, le=MAX_OPTIONS)
+    # Option labels: letters up to 26 options and numbers beyond ("auto"), or numbers always.
+    labels: Literal["auto", "numbers"] = "auto"
+    # System One abstention: a number, or a map by question type and option-count bucket
+    # (semif_proxy/abstention.py); a request's own min_confidence wins. None: no threshold.
+    min_confidence: Thresholds | None = None
 
     api_key: str | None = Field(None, repr=False)
     strict: bool = False
@@ -109,6 +124,13 @@ class Settings(BaseModel):
         if upper not in ("DEBUG", "INFO", "WARNING", "ERROR"):
             raise ValueError("must be DEBUG, INFO, WARNING or ERROR")
         return upper
+
+    @field_validator("rows_log")
+    @classmethod
+    def _rows_log_folder(cls, value: Path | None) -> Path | None:
+        if value is not None and not value.parent.is_dir():
+            raise ValueError(f"the folder {str(value.parent)!r} does not exist")
+        return value
 
     @property
     def threads(self) -> ThreadPlan:
@@ -159,7 +181,9 @@ _ENV: dict[str, tuple[str, tuple[str, ...]]] = {
     "n_parallel": ("SEMIF_PARALLEL", ()),
     "n_batch": ("SEMIF_BATCH_SIZE", ()),
     "backend_dir": ("SEMIF_GGML_BACKEND_DIR", ()),
-    "temperature": ("SEMIF_TEMPERATURE", ()),
+    # The calibration (temperatures and position priors); SEMIF_TEMPERATURE is its old name.
+    "temperature": ("SEMIF_CALIBRATION", ("SEMIF_TEMPERATURE",)),
+    "rows_log": ("SEMIF_ROWS_LOG", ()),
     "max_body_bytes": ("SEMIF_MAX_BODY_BYTES", ()),
     "max_decisions": ("SEMIF_MAX_DECISIONS", ()),
     "max_questions": ("SEMIF_MAX_QUESTIONS", ()),
@@ -172,6 +196,9 @@ _ENV: dict[str, tuple[str, tuple[str, ...]]] = {
     "request_timeout": ("SEMIF_REQUEST_TIMEOUT", ()),
     "prefix_cache_mb": ("SEMIF_PREFIX_CACHE_MB", ()),
     "permutations": ("SEMIF_PERMUTATIONS", ()),
+    "labels": ("SEMIF_LABELS", ()),
+    "max_options": ("SEMIF_MAX_OPTIONS", ()),
+    "min_confidence": ("SEMIF_MIN_CONFIDENCE", ()),
     # SM_LLAMA_CPP_API_KEY is the proxy's key too; it is never forwarded (llama_args.py).
     "api_key": ("SEMIF_API_KEY", ("SM_LLAMA_CPP_API_KEY",)),
     "strict": ("SEMIF_STRICT", ()),
@@ -195,6 +222,13 @@ def _parse_bool(value: str) -> bool:
 
 
 def _parse_temperature(value: str) -> Temperature:
+    return _parse_calibration(value)[0]
+
+
+def _parse_calibration(value: str) -> tuple[Temperature, PositionPrior]:
+    """SEMIF_CALIBRATION (or SEMIF_TEMPERATURE): a number (one temperature), a JSON object of
+    temperatures, or a calibration (`{"temperature": {...}, "position_prior": {...}}`) inline or
+    in the file `semif-proxy calibrate` writes."""
     text = value.strip()
     try:
         parsed = json.loads(text)
@@ -209,12 +243,17 @@ def _parse_temperature(value: str) -> Temperature:
         except (OSError, json.JSONDecodeError) as exc2:
             raise ValueError(f"calibration file {text!r} is not JSON: {exc2}") from exc2
     if isinstance(parsed, (int, float)) and not isinstance(parsed, bool):
-        return Temperature(default=float(parsed))
+        return Temperature(default=float(parsed)), PositionPrior()
     if isinstance(parsed, dict):
-        # A calibration file may carry extra keys (ECE, counts); only temperatures are read.
-        temps = parsed.get("temperature", parsed)
+        # A calibration file may carry extra keys (ECE, counts, fit reports); only temperatures
+        # and position priors are read.
+        calibration = "temperature" in parsed or "position_prior" in parsed
+        temps = parsed.get("temperature", {}) if calibration else parsed
+        prior = parsed.get("position_prior", {}) if calibration else {}
+        if isinstance(temps, (int, float)) and not isinstance(temps, bool):
+            temps = {"default": temps}
         if isinstance(temps, dict):
-            return Temperature(**temps)
+            return Temperature(**temps), position_prior_from_json(prior)
     raise ValueError(f"expected a number or a JSON object of temperatures, got {value!r}")
 
 
@@ -230,7 +269,10 @@ def _raw_values(env: Mapping[str, str]) -> tuple[dict[str, Any], dict[str, str]]
                     if field in _BOOLS:
                         values[field] = _parse_bool(raw)
                     elif field == "temperature":
-                        values[field] = _parse_temperature(raw)
+                        values[field], values["position_prior"] = _parse_calibration(raw)
+                        sources["position_prior"] = var
+                    elif field == "min_confidence":
+                        values[field] = min_confidence_from_setting(raw)
                     else:
                         values[field] = raw
                 except (ValueError, ValidationError) as exc:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
@@ -20,10 +21,11 @@ from typing import Annotated, Any, Literal, TypeVar
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from semif_proxy import readout, rotations
-from semif_proxy.engine import DecisionEngine, Question
+from semif_proxy import readout, rotations, rows_log
+from semif_proxy.abstention import ThresholdError, Thresholds
+from semif_proxy.engine import DecisionEngine, Question, Scored
 from semif_proxy.errors import InvalidRequest, PayloadTooLarge, SchemaError, Unavailable
-from semif_proxy.prompt import MAX_OPTIONS, PROMPT_VERSION, prompt_sha256
+from semif_proxy.prompt import MAX_OPTIONS, prompt_sha256
 from semif_proxy.rotations import Rotated
 from semif_proxy.schemas import check_count
 from semif_proxy.settings import Settings
@@ -59,7 +61,8 @@ class NoulQuestion(_Strict):
 class ChoiceQuestion(_Strict):
     type: Literal["choice"]
     instructions: Content | None = None
-    criteria: dict[str, Content | None] = Field(min_length=2, max_length=MAX_OPTIONS)
+    # One option is answered without the model (probability 1); Jev allows 1..255.
+    criteria: dict[str, Content | None] = Field(min_length=1, max_length=MAX_OPTIONS)
 
 
 class ScoreQuestion(_Strict):
@@ -79,7 +82,11 @@ class SystemOneRequest(BaseModel):
     state: Content
     questions: dict[str, QuestionModel] = Field(min_length=1)
     permutations: int | None = Field(None, ge=1, le=MAX_OPTIONS)
-    min_confidence: float | None = Field(None, ge=0.0, le=1.0)
+    # false: no fitted position prior (SEMIF_CALIBRATION) is applied to this request.
+    position_prior: bool = True
+    # A number or a map by question type and option count, checked by `thresholds` (a 422 at
+    # its path in the value); None: SEMIF_MIN_CONFIDENCE.
+    min_confidence: Any = None
 
 
 class SystemOneBatchRequest(BaseModel):
@@ -90,7 +97,11 @@ class SystemOneBatchRequest(BaseModel):
     states: list[Content] = Field(min_length=1)
     questions: dict[str, QuestionModel] = Field(min_length=1)
     permutations: int | None = Field(None, ge=1, le=MAX_OPTIONS)
-    min_confidence: float | None = Field(None, ge=0.0, le=1.0)
+    # false: no fitted position prior (SEMIF_CALIBRATION) is applied to this request.
+    position_prior: bool = True
+    # A number or a map by question type and option count, checked by `thresholds` (a 422 at
+    # its path in the value); None: SEMIF_MIN_CONFIDENCE.
+    min_confidence: Any = None
 
 
 Parsed = SystemOneRequest | SystemOneBatchRequest
@@ -174,8 +185,16 @@ def answer_for(spec: Spec, probs: np.ndarray, min_confidence: float | None) -> d
             "confidence": conf,
         }
     if min_confidence is not None:
+        # `abstained` for the clients that read it before `abstention` and `threshold`.
         answer["abstained"] = conf < min_confidence
+        answer["abstention"] = "abstained" if answer["abstained"] else "passed"
+        answer["threshold"] = min_confidence
     return answer
+
+
+def prompt_versions(scored: Iterable[Scored]) -> str:
+    """The prompt versions a response used (letters, numbers), one string for the block."""
+    return ", ".join(sorted({s.prompt_version for s in scored if s.prompt_version})) or "none"
 
 
 def served_model_id(model_path: Path, sha256: str) -> str:
@@ -221,6 +240,8 @@ class Plan:
     served: str
     specs: list[Spec]
     asked: list[Rotated]
+    # The request's min_confidence, else SEMIF_MIN_CONFIDENCE; None: answers are not judged.
+    thresholds: Thresholds | None = None
 
 
 def _loc(field: str) -> list[str | int]:
@@ -228,11 +249,21 @@ def _loc(field: str) -> list[str | int]:
 
 
 def check_questions(body: Any, settings: Settings) -> None:
-    """The question count, before validation: validating (and reporting) a huge `questions`
-    object is seconds of work on the event loop."""
+    """The question and option counts, before validation: validating (and reporting) a huge
+    `questions` object is seconds of work on the event loop."""
     questions = body.get("questions") if isinstance(body, dict) else None
     if isinstance(questions, dict):
         check_count(len(questions), "questions", settings.max_questions, "SEMIF_MAX_QUESTIONS")
+        for qid, question in questions.items():
+            listed = isinstance(question, dict) and question.get("type") in ("choice", "score")
+            criteria = question.get("criteria") if listed else None
+            if isinstance(criteria, (dict, list)):
+                check_count(
+                    len(criteria),
+                    f"questions.{qid}.criteria",
+                    settings.max_options,
+                    "SEMIF_MAX_OPTIONS",
+                )
 
 
 def _checked(parsed: Parsed, settings: Settings, sha256: str) -> tuple[str, list[Spec]]:
@@ -244,7 +275,28 @@ def _checked(parsed: Parsed, settings: Settings, sha256: str) -> tuple[str, list
     return served, [build_spec(qid, q) for qid, q in parsed.questions.items()]
 
 
-def _ask(state: Content, specs: list[Spec], k: int, settings: Settings) -> list[Rotated]:
+def thresholds(parsed: Parsed, settings: Settings) -> Thresholds | None:
+    """The request's min_confidence (a 422 at its path in the value when bad: e.g.
+    body.min_confidence.choice.3-4), else the server's SEMIF_MIN_CONFIDENCE."""
+    if parsed.min_confidence is None:
+        return settings.min_confidence
+    try:
+        return Thresholds.parse(parsed.min_confidence)
+    except ThresholdError as exc:
+        raise schema_error(["min_confidence", *exc.path], exc.message) from None
+
+
+def _threshold(planned: Plan, spec: Spec, strict: bool) -> float | None:
+    """The threshold this answer is judged by. Strict answers keep TypeSafe's fields: the
+    server's setting alone adds none there, a request that sends min_confidence asks for them."""
+    if planned.thresholds is None or (strict and planned.request.min_confidence is None):
+        return None
+    return planned.thresholds.threshold_for(spec.kind, len(spec.option_ids))
+
+
+def _ask(
+    state: Content, specs: list[Spec], k: int, settings: Settings, prior: bool = True
+) -> list[Rotated]:
     return [
         Rotated.of(
             Question(
@@ -254,6 +306,11 @@ def _ask(state: Content, specs: list[Spec], k: int, settings: Settings) -> list[
                 question=spec.instructions,
                 descriptions=spec.descriptions,
                 temperature=settings.temperature.for_type(spec.kind),
+                log_position_prior=(
+                    settings.position_prior.log_prior(spec.kind, len(spec.descriptions))
+                    if prior
+                    else None
+                ),
             ),
             k,
         )
@@ -268,7 +325,13 @@ def plan(body: Any, settings: Settings, sha256: str) -> Plan:
     parsed = parse_request(body)
     served, specs = _checked(parsed, settings, sha256)
     k = parsed.permutations or settings.permutations
-    return Plan(parsed, served, specs, _ask(parsed.state, specs, k, settings))
+    return Plan(
+        parsed,
+        served,
+        specs,
+        _ask(parsed.state, specs, k, settings, parsed.position_prior),
+        thresholds(parsed, settings),
+    )
 
 
 def answer(engine: DecisionEngine, planned: Plan, strict: bool) -> dict[str, Any]:
@@ -279,18 +342,40 @@ def answer(engine: DecisionEngine, planned: Plan, strict: bool) -> dict[str, Any
     except InvalidRequest as exc:
         raise schema_error(_loc(exc.field or "body"), exc.message) from None
     runs = rotations.regroup(planned.asked, evaluation.scored)
+    rows_log.record(
+        engine.settings.rows_log,
+        (
+            rows_log.question_line(
+                engine.model_info, "systemone", spec.kind, spec.qid, spec.option_ids, r.orders, s
+            )
+            for spec, r, s in zip(planned.specs, planned.asked, runs)
+            if len(spec.option_ids) > 1  # one option: no model call, nothing to learn from
+        ),
+    )
     answers: dict[str, Any] = {}
     diagnostics: dict[str, Any] = {}
     for spec, rotated, scored in zip(planned.specs, planned.asked, runs):
         orders = rotated.orders
         probs, moved = rotations.combine([(o, s.probabilities) for o, s in zip(orders, scored)])
-        answers[spec.qid] = answer_for(spec, probs, planned.request.min_confidence)
+        answers[spec.qid] = answer_for(spec, probs, _threshold(planned, spec, strict))
+        if not strict:
+            # What the numbers are: letter logits, label sequences (over 26 options) or no
+            # model call (one option). TypeSafe clients ignore extra keys; strict leaves them out.
+            answers[spec.qid]["readout"] = scored[0].readout
+            answers[spec.qid]["prompt_version"] = scored[0].prompt_version
         diagnostics[spec.qid] = {
             "option_logits": [[float(v) for v in s.option_logits] for s in scored],
             "allowed_token_mass": [s.allowed_token_mass for s in scored],
             "prompt_sha256": [prompt_sha256(s.prompt) for s in scored],
             "rotations": orders,
             "argmax_moved": moved,
+            **(
+                {"first_token_logits": [[float(v) for v in s.first_token_logits] for s in scored]}
+                if scored[0].first_token_logits is not None
+                else {}
+            ),
+            # Whether a fitted position prior (SEMIF_CALIBRATION) was divided out.
+            "position_prior": "applied" if scored[0].question.log_position_prior else "none",
         }
     response: dict[str, Any] = {
         "model": planned.served,
@@ -301,7 +386,7 @@ def answer(engine: DecisionEngine, planned: Plan, strict: bool) -> dict[str, Any
         response["semif"] = {
             "questions": diagnostics,
             "timing": evaluation.timing,
-            "prompt_version": PROMPT_VERSION,
+            "prompt_version": prompt_versions(s for r in runs for s in r),
             "model": engine.model_info,
         }
     return response
@@ -321,14 +406,21 @@ class BatchPlan:
     specs: list[Spec]
     rotations: int
     settings: Settings
+    thresholds: Thresholds | None = None  # as Plan's
 
     @property
     def states(self) -> list[Content]:
         return list(self.request.states)
 
     def plan(self, i: int) -> Plan:
-        asked = _ask(self.request.states[i], self.specs, self.rotations, self.settings)
-        return Plan(self.request, self.served, self.specs, asked)
+        asked = _ask(
+            self.request.states[i],
+            self.specs,
+            self.rotations,
+            self.settings,
+            self.request.position_prior,
+        )
+        return Plan(self.request, self.served, self.specs, asked, self.thresholds)
 
 
 _JSON_TYPES = {bool: "a boolean", int: "a number", float: "a number", type(None): "null"}
@@ -356,7 +448,7 @@ def plan_batch(body: dict[str, Any], settings: Settings, sha256: str) -> BatchPl
     parsed = _validate(SystemOneBatchRequest, body)
     served, specs = _checked(parsed, settings, sha256)
     k = parsed.permutations or settings.permutations
-    return BatchPlan(parsed, served, specs, k, settings)
+    return BatchPlan(parsed, served, specs, k, settings, thresholds(parsed, settings))
 
 
 def check_batch(engine: DecisionEngine, batch: BatchPlan) -> None:
@@ -416,7 +508,9 @@ def combine_batch(responses: list[dict[str, Any]], strict: bool) -> dict[str, An
                 {"questions": r["semif"]["questions"], "timing": r["semif"]["timing"]}
                 for r in responses
             ],
-            "prompt_version": PROMPT_VERSION,
+            "prompt_version": ", ".join(
+                sorted({v for r in responses for v in r["semif"]["prompt_version"].split(", ")})
+            ),
             "model": responses[0]["semif"]["model"],
         }
     return combined

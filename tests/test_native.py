@@ -269,3 +269,49 @@ def test_bad_token_ids_are_rejected(engine: native.Engine) -> None:
     assert err.value.code == native.ERR_BAD_ARGUMENT
     with pytest.raises(native.LlamaError, match="mode must be"):
         engine.score([1, 2, 3], [[]], [1], "sideways")
+
+
+def test_label_tree_in_small_groups_and_small_batches(tiny_model: Path) -> None:
+    """score_tree with 3 sequences (2 leaves per group: shared nodes decoded again) and batches
+    of 8 tokens (a group split across decode calls) against each label decoded on its own
+    (score_continuations); a malformed tree is refused and leaves the engine exact."""
+    engine = native.Engine(str(tiny_model), n_ctx=512, n_threads=2, n_seq=3, n_batch=8)
+    prompt = engine.tokenize("<|im_start|>assistant\nThe answer is ", add_special=True)
+    prefix, suffix = prompt[:8], prompt[8:]
+    end = 2
+    # Labels 1, 12, 123, 23, 4, 15, 45 ("1" is 49): by hand, the nodes 1, 12, 2, 4 (the proper
+    # prefixes of the scored sequences 1|end, 12|end, 123, 23, 4|end, 15, 45); its leaves
+    # 12, 2 and 4 need three sequences, two groups here.
+    tokens, parent = [49, 50, 50, 52], [-1, 0, -1, -1]
+    ids = [[end, 50, 53], [end, 51], [51], [end, 53]]
+    root_ids = [49, 50, 52]
+    root, root_lse, nodes, node_lse, stats = engine.score_tree(
+        prefix, suffix, tokens, parent, ids, root_ids
+    )
+    assert stats["suffix_tokens"] == len(suffix) + 4
+    sequences = [[49, end], [49, 50, end], [49, 50, 51], [50, 51], [52, end], [49, 53], [52, 53]]
+    engine.reset()
+    direct, _, _ = engine.score_continuations(prompt, sequences)
+
+    def lp(row: np.ndarray, lse: float, token: int, want: list[int]) -> float:
+        return float(row[want.index(token)]) - lse
+
+    first = {t: lp(root, root_lse, t, root_ids) for t in root_ids}
+    ours = [
+        first[49] + lp(nodes[0], node_lse[0], end, ids[0]),
+        first[49] + lp(nodes[0], node_lse[0], 50, ids[0]) + lp(nodes[1], node_lse[1], end, ids[1]),
+        first[49] + lp(nodes[0], node_lse[0], 50, ids[0]) + lp(nodes[1], node_lse[1], 51, ids[1]),
+        first[50] + lp(nodes[2], node_lse[2], 51, ids[2]),
+        first[52] + lp(nodes[3], node_lse[3], end, ids[3]),
+        first[49] + lp(nodes[0], node_lse[0], 53, ids[0]),
+        first[52] + lp(nodes[3], node_lse[3], 53, ids[3]),
+    ]
+    np.testing.assert_allclose(ours, direct, atol=1e-3)
+    with pytest.raises(native.LlamaError, match="parent among the nodes before it"):
+        engine.score_tree(prefix, suffix, [49, 50], [1, -1], [[50], [51]], root_ids)
+    engine.reset()
+    whole, _, _ = engine.score(prompt, [[]], root_ids)
+    engine.reset()
+    split, _, _ = engine.score(prefix, [suffix], root_ids, "restore")
+    np.testing.assert_array_equal(split[0], whole[0])
+    np.testing.assert_array_equal(root, whole[0])  # the first label tokens: one-piece numbers

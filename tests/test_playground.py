@@ -77,6 +77,26 @@ def test_example_decision_draws_bars(page: object) -> None:
     shot(page, "decision")
 
 
+def test_a_pasted_catalogue_of_40_options_is_decided(page: object) -> None:
+    page.select_option("#example", label="Support-ticket routing")
+    catalogue = "\n".join(f"intent_{i}: customer intent number {i}" for i in range(40))
+    page.click("#bulk summary")
+    page.fill("#bulk-options", catalogue)
+    page.click("#bulk-apply")
+    assert page.locator("#options .option").count() == 40
+    assert page.inner_text("#option-count") == "40 of 255 options"
+    page.click("#decide")
+    page.wait_for_selector(".result .bar-row", timeout=120_000)
+    rows = page.locator(".result").nth(0).locator(".bar-row")
+    assert rows.count() == 40
+    assert rows.nth(39).get_attribute("data-option") == "intent_39"
+    too_many = "\n".join(f"o{i}: x" for i in range(256))
+    page.fill("#bulk-options", too_many)
+    page.click("#bulk-apply")
+    assert "limit is 255" in page.inner_text("#options-error")
+    assert page.locator("#options .option").count() == 40  # left as it was
+
+
 def test_system_one_score_example(page: object) -> None:
     page.select_option("#example", label="Incident severity score")
     page.click("#decide")
@@ -95,10 +115,10 @@ def test_api_error_appears_next_to_its_field(page: object) -> None:
     assert "400" in page.inner_text("#question-error")
     assert page.get_attribute("#question", "aria-invalid") == "true"
     assert page.inner_text("#state-error") == ""
-    # Options: one is not enough; the API says so and the message lands under the options.
+    # Options: none is not enough; the API says so and the message lands under the options.
     page.fill("#question", "Which queue?")
-    page.click("#options .option:nth-child(3) .remove")
-    page.click("#options .option:nth-child(2) .remove")
+    for _ in range(page.locator("#options .option").count()):
+        page.click("#options .option:nth-child(1) .remove")
     page.click("#decide")
     page.wait_for_selector("#options-error:not(:empty)")
     assert page.inner_text("#question-error") == ""

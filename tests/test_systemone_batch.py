@@ -178,8 +178,8 @@ def test_shared_fields_are_checked_as_a_single_request(keyed: ProxyProcess) -> N
     bad_model = keyed.call("POST", "/v1/systemone/batch", batch(STATES, model="gpt-9"), auth())
     assert bad_model.status == 422
     assert bad_model.json()["detail"][0]["loc"] == ["body", "model"]
-    one_option = batch(STATES, questions={"q": {"type": "choice", "criteria": {"only": None}}})
-    reply = keyed.call("POST", "/v1/systemone/batch", one_option, auth())
+    no_option = batch(STATES, questions={"q": {"type": "choice", "criteria": {}}})
+    reply = keyed.call("POST", "/v1/systemone/batch", no_option, auth())
     assert reply.status == 422
     assert reply.json()["detail"][0]["loc"][:3] == ["body", "questions", "q"]
     many = batch(STATES, questions={f"q{i}": {"type": "noul"} for i in range(65)})

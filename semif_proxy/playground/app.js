@@ -33,7 +33,12 @@ for (const tab of $$("[role=tab]")) {
 }
 
 // ---- options and extra questions ----------------------------------------------------------
+const MAX_OPTIONS = 255; // the server's limit (decisions and System One choices)
+
 function relabel() {
+  const count = $$("#options .option").length;
+  $("#option-count").textContent = `${count} of ${MAX_OPTIONS} options`;
+  $("#add-option").disabled = count >= MAX_OPTIONS;
   $$("#options .option").forEach((li, i) => {
     $(".opt-id", li).setAttribute("aria-label", `Option ${i + 1} id`);
     $(".opt-desc", li).setAttribute("aria-label", `Option ${i + 1} description`);
@@ -75,6 +80,21 @@ function addExtra(text = "") {
 }
 
 $("#add-option").addEventListener("click", () => $(".opt-id", addOption()).focus());
+$("#bulk-apply").addEventListener("click", () => {
+  const lines = $("#bulk-options").value.split("\n").map((l) => l.trim()).filter(Boolean);
+  if (lines.length > MAX_OPTIONS) {
+    $("#options-error").textContent = `${lines.length} options pasted; the limit is ${MAX_OPTIONS}.`;
+    return;
+  }
+  $("#options-error").textContent = "";
+  $("#options").replaceChildren();
+  for (const line of lines) {
+    const at = line.indexOf(":");
+    if (at < 0) addOption(line, "");
+    else addOption(line.slice(0, at).trim(), line.slice(at + 1).trim());
+  }
+  relabel();
+});
 $("#add-extra").addEventListener("click", () => $(".extra-question", addExtra()).focus());
 
 function shape() { return $("input[name=shape]:checked").value; }

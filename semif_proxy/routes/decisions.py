@@ -45,7 +45,9 @@ async def run_on_engine(request: web.Request, fn: Any) -> Any:
 
 async def answer_decisions(request: web.Request, body: dict[str, Any]) -> web.Response:
     engine = require_engine(request)
-    parsed = service.parse_request(body, request.app[SETTINGS].max_decisions)
+    parsed = service.parse_request(
+        body, request.app[SETTINGS].max_decisions, request.app[SETTINGS].max_options
+    )
     response, request["tokens"] = await run_on_engine(
         request, lambda: service.answer(engine, parsed)
     )
