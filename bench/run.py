@@ -18,8 +18,8 @@ from bench import common, floor, mixed, options, prior, startup, suites
 
 SUITES = ("jevbench", "generation", "order", "overhead", "shared", "prefix", "scaling", "floor")
 # Suites that start their own servers (several configurations, or the start itself).
-OWN_SERVERS = ("mixed", "startup", "prior", "options")
-# `all` (make bench): prior and options are left out, each is its own long run (see README).
+OWN_SERVERS = ("mixed", "startup", "prior", "options", "labels")
+# `all` (make bench): prior, options and labels are left out, each its own long run (README).
 IN_ALL = (*SUITES, "mixed", "startup")
 
 
@@ -66,7 +66,7 @@ def run_suite(name: str, server: Any, args: argparse.Namespace) -> dict[str, Any
 
 
 def headline(name: str, r: dict[str, Any]) -> str:
-    if name == "options":
+    if name in ("options", "labels"):
         return options.headline(r)
     if name == "prior":
         return prior.headline(r)
@@ -188,8 +188,8 @@ def main(argv: list[str] | None = None) -> int:
         start = time.perf_counter()
         if name == "startup":
             result = startup.run(args.model)
-        elif name == "options":
-            result = options.run(args.model)
+        elif name in ("options", "labels"):
+            result = options.run(args.model, sizes=name == "options")
         elif name == "prior":
             result = prior.run(args.model, args.limit, args.tasks)
         else:

@@ -26,9 +26,9 @@ import numpy as np
 from pydantic_core import core_schema
 
 from semif_proxy import readout
+from semif_proxy.question_types import DEFAULT
+from semif_proxy.question_types import QUESTION_TYPES as KINDS
 
-KINDS = ("noul", "choice", "score", "decision")
-DEFAULT = "default"
 # Option-count buckets. 2 alone: every noul and every yes/no decision, the common case. Then
 # doublings (3-4, 5-8, 9-16): how far a model's probability spreads over near-misses grows with
 # the log of the option count, not with the count. 17-26 ends at the last one-letter label

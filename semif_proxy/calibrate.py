@@ -18,7 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from semif_proxy.position_prior import PositionPrior, json_objects
+from semif_proxy.jsonl_files import json_objects
+from semif_proxy.position_prior import PositionPrior
 from semif_proxy.readout import softmax
 
 GOLDEN = (math.sqrt(5.0) - 1.0) / 2.0

@@ -93,7 +93,7 @@ def cmd_decide(args: argparse.Namespace) -> int:
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
-    from semif_proxy import position_prior
+    from semif_proxy import position_prior, rows_log
     from semif_proxy.calibrate import PredictionError, calibrate, read_predictions
 
     if not args.predictions and not args.rows:
@@ -113,8 +113,11 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     report: dict = {"temperature": {"default": 1.0}, "types": {}}
     try:
         if args.rows:
-            rows = position_prior.read_rows(Path(args.rows))
-            fitted = position_prior.fit(rows, args.min_questions)
+            rows = rows_log.read_rows(Path(args.rows))
+            try:
+                fitted = position_prior.fit(rows, args.min_questions)
+            except position_prior.RowsError as exc:
+                raise position_prior.RowsError(f"{args.rows}: {exc}") from None
         if args.predictions:
             prior = fitted.prior if fitted is not None else None
             preds = read_predictions(Path(args.predictions))

@@ -129,7 +129,7 @@ def result_body(
         "prompt_version": first.prompt_version,
         "readout": first.readout,
         # Whether a fitted position prior (SEMIF_CALIBRATION) was divided out of probabilities.
-        "position_prior": "applied" if first.question.log_position_prior else "none",
+        "position_prior": first.question.position_prior,
         "model": model_info,
         "timing": {
             "forward_seconds": timing["forward_seconds"],

@@ -87,6 +87,12 @@ class Question:
     # logits before the softmax; None: no prior. Raw option logits are reported unchanged.
     log_position_prior: tuple[float, ...] | None = None
 
+    @property
+    def position_prior(self) -> str:
+        """What every answer reports: `applied` when a fitted prior is divided out of this
+        question's probabilities, `none` otherwise."""
+        return "applied" if self.log_position_prior else "none"
+
 
 @dataclass
 class Scored:
@@ -242,7 +248,7 @@ class DecisionEngine:
             self.template.answer_end(numbers_messages, "1"),
             core.eos,
         )
-        self._trees: dict[int, LabelTree] = {}
+        self.trees = label_tree.Trees(self.numbers.tokens, self.numbers.end)
         if self.numbers.reason:
             log.warning(
                 "numbered labels unavailable",
@@ -597,9 +603,7 @@ class DecisionEngine:
             )
 
     def tree_for(self, n: int) -> LabelTree:
-        if n not in self._trees:
-            self._trees[n] = label_tree.build(self.numbers.tokens[:n], self.numbers.end)
-        return self._trees[n]
+        return self.trees.for_count(n)
 
     def _single_option(self, q: Question) -> Scored:
         """One option: probability 1 whatever the model would say, so it is not asked."""

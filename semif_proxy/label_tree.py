@@ -97,3 +97,19 @@ def build(labels: Sequence[Sequence[int]], end: int) -> LabelTree:
         root_ids=wanted[()],
         steps=steps,
     )
+
+
+class Trees:
+    """The tree of each option count of one numbering (the first n labels' tokens, the end
+    token), built the first time that count is asked: questions repeat their option counts,
+    and a 255-option tree takes a few milliseconds to build."""
+
+    def __init__(self, labels: Sequence[Sequence[int]], end: int) -> None:
+        self._labels = [tuple(int(t) for t in label) for label in labels]
+        self._end = end
+        self._built: dict[int, LabelTree] = {}
+
+    def for_count(self, n: int) -> LabelTree:
+        if n not in self._built:
+            self._built[n] = build(self._labels[:n], self._end)
+        return self._built[n]

@@ -17,19 +17,21 @@ Pure: numpy and pydantic, no engine, no HTTP.
 
 from __future__ import annotations
 
-import json
 import math
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
+from semif_proxy.question_types import DEFAULT, QUESTION_TYPES
+
 # Question types a prior may be fitted for; "default" pools every type (used for a type that has
 # no table of its own at that option count).
-KINDS = ("default", "decision", "noul", "choice", "score")
+KINDS = (DEFAULT, *QUESTION_TYPES)
+# The key of a `position_prior` block that holds the prompt version of each option count.
+VERSIONS_KEY = "prompt_versions"
 # Fewer questions than this at one (type, option count) fit no table there.
 MIN_QUESTIONS = 5
 
@@ -41,10 +43,13 @@ class RowsError(ValueError):
 class PositionPrior(BaseModel):
     """Fitted priors: question type -> option count -> the probability of each listed position
     (as `semif-proxy calibrate` writes them under `position_prior`). Each list is normalised
-    here; only the ratios matter."""
+    here; only the ratios matter. `prompt_versions`: the prompt version (letters or numbers)
+    the rows of each option count were asked with, where the rows said; a prior measured on
+    lettered prompts says nothing about numbered ones (settings.py refuses the mismatch)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
     tables: dict[str, dict[int, tuple[float, ...]]] = {}
+    prompt_versions: dict[int, str] = {}
 
     @field_validator("tables")
     @classmethod
@@ -68,25 +73,42 @@ class PositionPrior(BaseModel):
                 out[kind][n] = tuple(p / total for p in probs)
         return out
 
+    @field_validator("prompt_versions")
+    @classmethod
+    def _versions(cls, versions: dict[int, str]) -> dict[int, str]:
+        for n in versions:
+            if n < 2:
+                raise ValueError(f"an option count is at least 2, got {n}")
+        return versions
+
     def log_prior(self, kind: str, n: int) -> tuple[float, ...] | None:
         """The log prior of each listed position for a question of this type with n options:
         its own type's table, else the pooled `default` table, else None (no prior)."""
         probs = self.tables.get(kind, {}).get(n) or self.tables.get("default", {}).get(n)
         return None if probs is None else tuple(math.log(p) for p in probs)
 
-    def as_json(self) -> dict[str, dict[str, list[float]]]:
-        return {k: {str(n): list(p) for n, p in t.items()} for k, t in self.tables.items()}
+    def as_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            k: {str(n): list(p) for n, p in t.items()} for k, t in self.tables.items()
+        }
+        if self.prompt_versions:
+            out[VERSIONS_KEY] = {str(n): v for n, v in sorted(self.prompt_versions.items())}
+        return out
 
 
 def from_json(value: Any) -> PositionPrior:
-    """A `position_prior` block ({"choice": {"4": [...]}, "default": {"2": [...]}})."""
+    """A `position_prior` block ({"choice": {"4": [...]}, "default": {"2": [...]}}, and
+    optionally "prompt_versions": {"4": "semif-letter-v1"})."""
     if not isinstance(value, Mapping):
         raise ValueError("position_prior must be an object: {type: {option count: [values]}}")
+    tables = {k: v for k, v in value.items() if k != VERSIONS_KEY}
     try:
-        return PositionPrior(tables=value)
+        return PositionPrior(tables=tables, prompt_versions=value.get(VERSIONS_KEY, {}))
     except ValidationError as exc:
         first = exc.errors(include_url=False)[0]
-        where = ".".join(str(p) for p in first["loc"][1:])
+        loc = [str(p) for p in first["loc"]]
+        # The tables are the block itself; prompt_versions is a key of it.
+        where = ".".join(loc[1:] if loc and loc[0] == "tables" else loc)
         message = first["msg"].removeprefix("Value error, ")
         raise ValueError(f"position_prior.{where}: {message}" if where else message) from None
 
@@ -103,6 +125,7 @@ class RotatedRow:
     orders: list[list[int]]
     logits: np.ndarray  # (orders, options), in presented order
     model: str | None = None
+    prompt_version: str | None = None  # None: a line from before the rows log recorded it
 
     @property
     def n(self) -> int:
@@ -159,7 +182,8 @@ def fit(rows: Iterable[RotatedRow], min_questions: int = MIN_QUESTIONS) -> Fit:
     """A table per (question type, option count) with at least min_questions balanced rows,
     and a pooled `default` table per option count over every type. Rows that are not balanced
     (one order, or rotations that leave some option out of some position) are counted and
-    skipped."""
+    skipped. Rows of one option count asked with two prompt versions (letters and numbers,
+    SEMIF_LABELS changed between them) are refused: their position biases are not one."""
     usable: list[RotatedRow] = []
     skipped = 0
     total = 0
@@ -170,9 +194,18 @@ def fit(rows: Iterable[RotatedRow], min_questions: int = MIN_QUESTIONS) -> Fit:
         else:
             skipped += 1
     groups: dict[tuple[str, int], list[RotatedRow]] = {}
+    versions: dict[int, set[str]] = {}
     for row in usable:
         groups.setdefault((row.kind, row.n), []).append(row)
-        groups.setdefault(("default", row.n), []).append(row)
+        groups.setdefault((DEFAULT, row.n), []).append(row)
+        if row.prompt_version is not None:
+            versions.setdefault(row.n, set()).add(row.prompt_version)
+    for n, asked in sorted(versions.items()):
+        if len(asked) > 1:
+            raise RowsError(
+                f"rows with {n} options were asked with {len(asked)} prompt versions "
+                f"({', '.join(sorted(asked))}); fit the rows of each version on their own"
+            )
     tables: dict[str, dict[int, tuple[float, ...]]] = {}
     report: dict[str, Any] = {
         "rows": total,
@@ -197,77 +230,15 @@ def fit(rows: Iterable[RotatedRow], min_questions: int = MIN_QUESTIONS) -> Fit:
             "first_listed_after": first_listed_share(group, np.log(prior)),
             "first_listed_if_position_blind": 1.0 / n,
         }
-    return Fit(PositionPrior(tables=tables), report)
-
-
-# -- the rows log's lines -----------------------------------------------------------------------
-
-
-def parse_row(line: dict[str, Any], where: str) -> RotatedRow | None:
-    """A line of the rows log (SEMIF_ROWS_LOG): {type, orders, option_logits, ...}; None for a
-    one-option question (older logs hold them), which carries no position information."""
-    kind = str(line.get("type", "decision"))
-    if kind not in KINDS[1:]:
-        raise RowsError(f"{where}: type {kind!r} is not one of {KINDS[1:]}")
-    orders = line.get("orders")
-    logits = line.get("option_logits")
-    if not isinstance(orders, list) or not isinstance(logits, list) or not logits:
-        raise RowsError(f"{where}: needs `orders` and `option_logits` (one list per order)")
-    try:
-        array = np.asarray(logits, dtype=np.float64)
-    except (TypeError, ValueError):
-        raise RowsError(f"{where}: option_logits must be lists of numbers") from None
-    if array.ndim == 2 and array.shape[1] == 1 and all(o == [0] for o in orders):
-        return None  # one option: answered without the model, nothing about positions in it
-    if array.ndim != 2 or array.shape[1] < 2 or len(orders) != array.shape[0]:
-        raise RowsError(
-            f"{where}: option_logits must be one list of at least 2 numbers per order "
-            f"({len(orders)} orders)"
-        )
-    if not np.isfinite(array).all():
-        raise RowsError(f"{where}: option_logits must be finite")
-    if not all(isinstance(o, list) and all(isinstance(i, int) for i in o) for o in orders):
-        raise RowsError(f"{where}: orders must be lists of option indices")
-    model = line.get("model")
-    return RotatedRow(kind, orders, array, str(model) if model is not None else None)
-
-
-def json_objects(path: Path, error: type[ValueError]) -> Iterator[tuple[str, dict[str, Any]]]:
-    """A JSON Lines file's objects with where each one is ("file:line"); blank lines skipped,
-    anything else that is not a JSON object raised as `error` naming its line."""
-    with path.open(encoding="utf-8") as f:
-        for number, text in enumerate(f, 1):
-            if not text.strip():
-                continue
-            try:
-                line = json.loads(text)
-            except json.JSONDecodeError as exc:
-                raise error(f"{path}:{number}: not JSON: {exc}") from None
-            if not isinstance(line, dict):
-                raise error(f"{path}:{number}: not a JSON object")
-            yield f"{path}:{number}", line
-
-
-def read_rows(path: Path) -> list[RotatedRow]:
-    out = []
-    for where, line in json_objects(path, RowsError):
-        row = parse_row(line, where)
-        if row is not None:
-            out.append(row)
-    if not out:
-        raise RowsError(f"{path}: no rows")
-    models = sorted({r.model for r in out if r.model is not None})
-    if len(models) > 1:
-        raise RowsError(
-            f"{path}: rows of {len(models)} models ({', '.join(models)}); a prior belongs to "
-            "one model: fit each model's rows on their own"
-        )
-    return out
+    fitted_counts = {n for by_n in tables.values() for n in by_n}
+    prompt_versions = {n: next(iter(v)) for n, v in versions.items() if n in fitted_counts}
+    return Fit(PositionPrior(tables=tables, prompt_versions=prompt_versions), report)
 
 
 __all__ = [
     "KINDS",
     "MIN_QUESTIONS",
+    "VERSIONS_KEY",
     "Fit",
     "PositionPrior",
     "RotatedRow",
@@ -277,7 +248,5 @@ __all__ = [
     "first_listed_share",
     "fit",
     "from_json",
-    "parse_row",
     "question_prior",
-    "read_rows",
 ]

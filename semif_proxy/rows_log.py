@@ -1,6 +1,8 @@
 """The rows log (SEMIF_ROWS_LOG): one JSON line per question the server answered, with the
 option logits of every order it was asked in, for `semif-proxy calibrate --rows` to fit the
-position prior from (questions asked with `permutations: n` are the ones it can use).
+position prior from (questions asked with `permutations: n` are the ones it can use). The
+line format lives here both ways: written by the server (`question_line`), read back for
+`semif-proxy calibrate --rows` (`read_rows`).
 
 Lines go through a bounded queue to one writer thread: the engine thread only hands over a dict
 and never waits on the disk. A line that cannot be written (the disk is full, the file went
@@ -19,7 +21,12 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
+from semif_proxy.jsonl_files import json_objects
+from semif_proxy.position_prior import RotatedRow, RowsError
 from semif_proxy.prompt import prompt_sha256
+from semif_proxy.question_types import QUESTION_TYPES
 
 if TYPE_CHECKING:
     from semif_proxy.engine import Scored
@@ -155,5 +162,59 @@ def question_line(
         "orders": orders,
         "option_logits": [[float(v) for v in s.option_logits] for s in runs],
         "prompt_sha256": prompt_sha256(runs[0].prompt),
-        "position_prior": "applied" if runs[0].question.log_position_prior else "none",
+        "prompt_version": runs[0].prompt_version,
+        "position_prior": runs[0].question.position_prior,
     }
+
+
+def parse_row(line: dict[str, Any], where: str) -> RotatedRow | None:
+    """A line of the rows log (SEMIF_ROWS_LOG): {type, orders, option_logits, ...}; None for a
+    one-option question (older logs hold them), which carries no position information."""
+    kind = str(line.get("type", "decision"))
+    if kind not in QUESTION_TYPES:
+        raise RowsError(f"{where}: type {kind!r} is not one of {QUESTION_TYPES}")
+    orders = line.get("orders")
+    logits = line.get("option_logits")
+    if not isinstance(orders, list) or not isinstance(logits, list) or not logits:
+        raise RowsError(f"{where}: needs `orders` and `option_logits` (one list per order)")
+    try:
+        array = np.asarray(logits, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise RowsError(f"{where}: option_logits must be lists of numbers") from None
+    if array.ndim == 2 and array.shape[1] == 1 and all(o == [0] for o in orders):
+        return None  # one option: answered without the model, nothing about positions in it
+    if array.ndim != 2 or array.shape[1] < 2 or len(orders) != array.shape[0]:
+        raise RowsError(
+            f"{where}: option_logits must be one list of at least 2 numbers per order "
+            f"({len(orders)} orders)"
+        )
+    if not np.isfinite(array).all():
+        raise RowsError(f"{where}: option_logits must be finite")
+    if not all(isinstance(o, list) and all(isinstance(i, int) for i in o) for o in orders):
+        raise RowsError(f"{where}: orders must be lists of option indices")
+    model = line.get("model")
+    version = line.get("prompt_version")
+    return RotatedRow(
+        kind,
+        orders,
+        array,
+        str(model) if model is not None else None,
+        str(version) if version is not None else None,
+    )
+
+
+def read_rows(path: Path) -> list[RotatedRow]:
+    out = []
+    for where, line in json_objects(path, RowsError):
+        row = parse_row(line, where)
+        if row is not None:
+            out.append(row)
+    if not out:
+        raise RowsError(f"{path}: no rows")
+    models = sorted({r.model for r in out if r.model is not None})
+    if len(models) > 1:
+        raise RowsError(
+            f"{path}: rows of {len(models)} models ({', '.join(models)}); a prior belongs to "
+            "one model: fit each model's rows on their own"
+        )
+    return out

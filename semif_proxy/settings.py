@@ -22,7 +22,7 @@ from semif_proxy.llama_args import PREFIX, LlamaArgsError, llama_server_args
 from semif_proxy.model_files import ModelNotFoundError, discover_model
 from semif_proxy.position_prior import PositionPrior
 from semif_proxy.position_prior import from_json as position_prior_from_json
-from semif_proxy.prompt import MAX_OPTIONS
+from semif_proxy.prompt import MAX_OPTIONS, labels_for
 
 DEFAULT_MAX_BODY_BYTES = 6 << 20
 
@@ -342,7 +342,23 @@ def load_settings(env: Mapping[str, str] | None = None, **overrides: Any) -> Set
         field = str(first["loc"][0]) if first["loc"] else "?"
         var = sources.get(field, _ENV.get(field, (field,))[0])
         raise SettingsError(f"{var}: {first['msg']} (got {first.get('input')!r})") from None
+    _check_prior_prompts(settings, sources.get("position_prior", "SEMIF_CALIBRATION"))
     return _complete(env, settings)
+
+
+def _check_prior_prompts(settings: Settings, var: str) -> None:
+    """A position prior measured on one prompt version (letters, say) is refused where this
+    server asks that option count with another (numbers, after SEMIF_LABELS changed): the model
+    favours positions differently under each, and dividing the wrong prior out would skew every
+    answer rather than fix it."""
+    for n, fitted in sorted(settings.position_prior.prompt_versions.items()):
+        asked = labels_for(n, settings.labels).prompt_version
+        if asked != fitted:
+            raise SettingsError(
+                f"{var}: the position prior for {n} options was fitted on {fitted} prompts, "
+                f"but with SEMIF_LABELS={settings.labels} they are asked as {asked}; refit it "
+                "(semif-proxy calibrate --rows) on rows asked this way, or set SEMIF_LABELS back"
+            )
 
 
 def _complete(env: Mapping[str, str], settings: Settings) -> Settings:

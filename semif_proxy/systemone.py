@@ -25,7 +25,7 @@ from semif_proxy import readout, rotations, rows_log
 from semif_proxy.abstention import ThresholdError, Thresholds
 from semif_proxy.engine import DecisionEngine, Question, Scored
 from semif_proxy.errors import InvalidRequest, PayloadTooLarge, SchemaError, Unavailable
-from semif_proxy.prompt import MAX_OPTIONS, prompt_sha256
+from semif_proxy.prompt import MAX_OPTIONS, NUMBER_LABELS, labels_for, prompt_sha256
 from semif_proxy.rotations import Rotated
 from semif_proxy.schemas import check_count
 from semif_proxy.settings import Settings
@@ -149,7 +149,11 @@ class Spec:
     legend: dict[str, Content] | None = None
 
 
-def build_spec(qid: str, q: NoulQuestion | ChoiceQuestion | ScoreQuestion) -> Spec:
+def build_spec(
+    qid: str, q: NoulQuestion | ChoiceQuestion | ScoreQuestion, labels: str = "auto"
+) -> Spec:
+    """A question as the engine asks it. `labels`: SEMIF_LABELS, which decides whether the
+    options will be lettered or numbered."""
     instructions = _text(q.instructions) or DEFAULT_INSTRUCTIONS[q.type]
     if isinstance(q, NoulQuestion):
         crit = q.criteria or NoulCriteria()
@@ -161,7 +165,12 @@ def build_spec(qid: str, q: NoulQuestion | ChoiceQuestion | ScoreQuestion) -> Sp
         descs = tuple(f"{n}: {_text(d)}" if _text(d) else n for n, d in q.criteria.items())
         return Spec(qid, "choice", instructions, names, descs)
     ids = tuple(str(i) for i in range(len(q.criteria)))
-    descs = tuple(f"level {i}: {_text(c)}" for i, c in enumerate(q.criteria))
+    if labels_for(len(q.criteria), labels) is NUMBER_LABELS:
+        # Numbered from 1, in level order: the label is the level's place, and a "level 0"
+        # beside the label "1" would give the model two numbers for one option.
+        descs = tuple(_text(c) for c in q.criteria)
+    else:
+        descs = tuple(f"level {i}: {_text(c)}" for i, c in enumerate(q.criteria))
     return Spec(qid, "score", instructions, ids, descs, legend=dict(zip(ids, q.criteria)))
 
 
@@ -272,7 +281,7 @@ def _checked(parsed: Parsed, settings: Settings, sha256: str) -> tuple[str, list
     if not accepts_model(parsed.model, served):
         available = [served, *ALIASES, "jev-1.<n>"]
         raise schema_error(["model"], f"unknown model {parsed.model!r}; available: {available}")
-    return served, [build_spec(qid, q) for qid, q in parsed.questions.items()]
+    return served, [build_spec(qid, q, settings.labels) for qid, q in parsed.questions.items()]
 
 
 def thresholds(parsed: Parsed, settings: Settings) -> Thresholds | None:
@@ -375,7 +384,7 @@ def answer(engine: DecisionEngine, planned: Plan, strict: bool) -> dict[str, Any
                 else {}
             ),
             # Whether a fitted position prior (SEMIF_CALIBRATION) was divided out.
-            "position_prior": "applied" if scored[0].question.log_position_prior else "none",
+            "position_prior": scored[0].question.position_prior,
         }
     response: dict[str, Any] = {
         "model": planned.served,

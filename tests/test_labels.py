@@ -18,11 +18,13 @@ from semif_proxy.errors import InvalidRequest
 from semif_proxy.prompt import (
     MAX_OPTIONS,
     NUMBER_LABELS,
+    ChatTemplate,
     check_numbers,
     labels_for,
     render_decision,
 )
 from semif_proxy.settings import SettingsError, load_settings
+from semif_proxy.systemone import ScoreQuestion, build_spec
 from semif_proxy.testing.server import ProxyProcess
 from tests.conftest import engine_settings
 
@@ -239,6 +241,22 @@ def test_system_one_choices_take_1_to_255_options(server: ProxyProcess) -> None:
     assert "questions.queue.criteria: 256 criteria, over the limit of 255 (SEMIF_MAX_OPTIONS)" in (
         too_many.body.decode()
     )
+
+
+def test_numbered_score_levels_carry_no_second_number() -> None:
+    """Lettered level descriptions start "level 0: ..."; numbered ones carry the text alone: a
+    "level 0" next to the label "1" would give the model two numbers for one option."""
+    criteria = [f"{k} units of damage" for k in range(30)]
+    wide = build_spec("s", ScoreQuestion(type="score", criteria=criteria))
+    assert wide.descriptions == tuple(criteria) and wide.option_ids[0] == "0"
+    assert wide.legend is not None and wide.legend["29"] == criteria[29]
+    few = ScoreQuestion(type="score", criteria=criteria[:3])
+    assert build_spec("s", few).descriptions[0] == "level 0: 0 units of damage"
+    assert build_spec("s", few, "numbers").descriptions == tuple(criteria[:3])
+    labels = labels_for(len(wide.descriptions))
+    rendered = render_decision(ChatTemplate(None), STATE, "?", wide.descriptions, labels).text
+    assert '{"number": "1", "description": "0 units of damage"}' in rendered
+    assert "level 0" not in rendered
 
 
 def test_the_option_limit_is_a_setting(tiny_model: Path) -> None:

@@ -138,8 +138,17 @@ def test_bad_priors_are_refused(value: object, message: str) -> None:
 # -- the calibration file ----------------------------------------------------------------------
 
 
-def row_line(kind: str, orders: list[list[int]], logits: np.ndarray, model: str = "m") -> dict:
-    return {"type": kind, "model": model, "orders": orders, "option_logits": logits.tolist()}
+def row_line(
+    kind: str,
+    orders: list[list[int]],
+    logits: np.ndarray,
+    model: str = "m",
+    prompt_version: str | None = None,
+) -> dict:
+    line = {"type": kind, "model": model, "orders": orders, "option_logits": logits.tolist()}
+    if prompt_version is not None:
+        line["prompt_version"] = prompt_version
+    return line
 
 
 def write_lines(path: Path, lines: list[dict]) -> Path:
@@ -215,6 +224,51 @@ def test_calibrate_rows_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str
     assert main(["calibrate", "--rows", str(few), "--output", out]) == 2  # 3 < 5 questions
     assert "no prior fitted" in capsys.readouterr().err
     assert not Path(out).exists()
+
+
+def test_a_prior_keeps_the_prompt_version_it_was_fitted_on(
+    tmp_path: Path, model_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Letters and numbers are two prompts with two position biases: rows of both at one option
+    count are not fitted together, and a prior fitted on one is refused where the server asks
+    that option count with the other (SEMIF_LABELS changed)."""
+    rows = synthetic_rows("choice", PLANTED, 10, seed=11)
+    lettered = [
+        row_line(r.kind, r.orders, r.logits, prompt_version="semif-letter-v1") for r in rows
+    ]
+    out = tmp_path / "c.json"
+    rows_file = write_lines(tmp_path / "rows.jsonl", lettered)
+    assert main(["calibrate", "--rows", str(rows_file), "--output", str(out)]) == 0
+    written = json.loads(out.read_text())["position_prior"]
+    assert written["prompt_versions"] == {"4": "semif-letter-v1"}
+    assert position_prior.from_json(written).prompt_versions == {4: "semif-letter-v1"}
+    model = str(model_path)
+    served = load_settings({"SEMIF_CALIBRATION": str(out)}, model=model)
+    assert served.position_prior.log_prior("choice", 4) is not None
+    with pytest.raises(SettingsError) as refused:
+        load_settings({"SEMIF_CALIBRATION": str(out), "SEMIF_LABELS": "numbers"}, model=model)
+    message = str(refused.value)
+    assert message.startswith("SEMIF_CALIBRATION: the position prior for 4 options")
+    assert "semif-letter-v1" in message and "semif-number-v1" in message
+    # Rows of one option count asked both ways: refused, naming both versions.
+    numbered = [
+        row_line(r.kind, r.orders, r.logits, prompt_version="semif-number-v1") for r in rows
+    ]
+    both = write_lines(tmp_path / "both.jsonl", lettered + numbered)
+    assert main(["calibrate", "--rows", str(both), "--output", str(tmp_path / "x.json")]) == 2
+    err = capsys.readouterr().err
+    assert "rows with 4 options were asked with 2 prompt versions" in err
+    assert "semif-letter-v1, semif-number-v1" in err
+    # Lines from before the log recorded a version: fitted as before, no version kept.
+    old = write_lines(tmp_path / "old.jsonl", [row_line(r.kind, r.orders, r.logits) for r in rows])
+    assert main(["calibrate", "--rows", str(old), "--output", str(out)]) == 0
+    assert "prompt_versions" not in json.loads(out.read_text())["position_prior"]
+    bad_count = r"position_prior\.prompt_versions: .*at least 2, got 1"
+    with pytest.raises(SettingsError, match=bad_count):
+        load_settings(
+            {"SEMIF_CALIBRATION": '{"position_prior": {"prompt_versions": {"1": "x"}}}'},
+            model=model,
+        )
 
 
 def test_calibration_setting_forms(tmp_path: Path, model_path: Path) -> None:
@@ -403,6 +457,7 @@ def test_server_writes_rows_that_calibrate_fits(calibrated: ProxyProcess, tmp_pa
     assert line["model"] == reply["model"]["sha256"]
     assert line["orders"] == reply["rotations"]["orders"] == rotations(3, 3)
     assert line["prompt_sha256"] == reply["prompt_sha256"]
+    assert line["prompt_version"] == reply["prompt_version"] == "semif-letter-v1"
     # Presented order in the log; the answer reports each rotation in the request's order.
     for order, presented, in_request_order in zip(
         line["orders"], line["option_logits"], reply["rotations"]["option_logits"]
@@ -436,3 +491,5 @@ def test_server_writes_rows_that_calibrate_fits(calibrated: ProxyProcess, tmp_pa
     assert fitted["position_prior_fit"]["balanced_rows"] >= 2
     prior = fitted["position_prior"]["default"]["3"]
     assert sum(prior) == pytest.approx(1.0) and all(p > 0 for p in prior)
+    # The prompt version the rows were asked with goes into the calibration with the prior.
+    assert fitted["position_prior"]["prompt_versions"] == {"3": "semif-letter-v1"}
