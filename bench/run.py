@@ -14,13 +14,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench import common, floor, mixed, options, prior, startup, suites
+from bench import common, floor, mixed, options, prior, split, startup, suites
 
 SUITES = ("jevbench", "generation", "order", "overhead", "shared", "prefix", "scaling", "floor")
 # Suites that start their own servers (several configurations, or the start itself).
-OWN_SERVERS = ("mixed", "startup", "prior", "options", "labels")
+# (`split` runs the engine in-process, no server.)
+OWN_SERVERS = ("mixed", "startup", "prior", "options", "labels", "split")
 # `all` (make bench): prior, options and labels are left out, each its own long run (README).
-IN_ALL = (*SUITES, "mixed", "startup")
+IN_ALL = (*SUITES, "mixed", "startup", "split")
 
 
 class Endpoint:
@@ -68,6 +69,8 @@ def run_suite(name: str, server: Any, args: argparse.Namespace) -> dict[str, Any
 def headline(name: str, r: dict[str, Any]) -> str:
     if name in ("options", "labels"):
         return options.headline(r)
+    if name == "split":
+        return split.headline(r)
     if name == "prior":
         return prior.headline(r)
     if name == "startup":
@@ -192,6 +195,8 @@ def main(argv: list[str] | None = None) -> int:
             result = options.run(args.model, sizes=name == "options")
         elif name == "prior":
             result = prior.run(args.model, args.limit, args.tasks)
+        elif name == "split":
+            result = split.run(args.model)
         else:
             designs = tuple(args.mixed_designs.split(","))
             result = mixed.run(args.model, args.mixed_seconds, designs)

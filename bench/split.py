@@ -1,0 +1,70 @@
+"""`split`: what splitting a decision at its state costs, in-process, on the floor's prompts.
+
+A decision is evaluated as two decode calls, the state's aligned prefix and then the question,
+so that a question gets the same numbers alone, next to others on one state, or after a prefix
+the server still holds. llama-server evaluates the same prompt in one call. This suite times
+both on the same prompts in one engine (`evaluate()` against `score()` of the whole prompt,
+alternating, each on a fresh state), so the cost of the split is measured apart from HTTP,
+llama-server and the gate. The engine runs with the threads a decision gets by default.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.common import summary
+from bench.floor import _decision
+from semif_proxy.engine import DecisionEngine, Question
+from semif_proxy.settings import load_settings
+
+
+def run(model: Path, lengths: tuple[int, ...] = (200, 1000), repeats: int = 8) -> dict[str, Any]:
+    settings = load_settings({"SEMIF_CHAT": "off", "SEMIF_PREFIX_CACHE_MB": "0"}, model=str(model))
+    engine = DecisionEngine.load(settings)
+    rows: dict[str, Any] = {}
+    try:
+        for tokens in lengths:
+            split, prefix, suffix, whole, shapes = [], [], [], [], set()
+            for r in range(repeats):
+                d = _decision(tokens, 7000 + tokens * 10 + r)["decision"]
+                question = Question(
+                    path="decision",
+                    id=d["id"],
+                    state=d["state"],
+                    question=d["question"],
+                    descriptions=tuple(o["description"] for o in d["options"]),
+                )
+                engine.core.reset()
+                evaluation = engine.evaluate([question])
+                timing = evaluation.timing
+                split.append(timing["forward_seconds"])
+                prefix.append(timing["prefill_seconds"])
+                suffix.append(timing["suffix_seconds"])
+                shapes.add((timing["prefix_tokens"], timing["suffix_tokens"]))
+                full = engine.tokenize_prompt(evaluation.scored[0].prompt)
+                engine.core.reset()
+                start = time.perf_counter()
+                engine.core.score(full, [[]], engine.letter_ids)
+                whole.append(time.perf_counter() - start)
+            rows[str(tokens)] = {
+                "prompt_tokens": len(full),
+                "prefix_and_question_tokens": sorted(shapes),
+                "split_seconds": summary(split),
+                "prefix_seconds": summary(prefix),
+                "question_seconds": summary(suffix),
+                "one_call_seconds": summary(whole),
+                "split_over_one_call": summary(split)["p50"] / summary(whole)["p50"],
+            }
+    finally:
+        engine.close()
+    return {"lengths": rows, "engine_threads": engine.core.n_threads}
+
+
+def headline(r: dict[str, Any]) -> str:
+    return "; ".join(
+        f"{row['prompt_tokens']} tokens: split {row['split_seconds']['p50']:.3f} s vs one call "
+        f"{row['one_call_seconds']['p50']:.3f} s ({row['split_over_one_call']:.3f}x)"
+        for row in r["lengths"].values()
+    )
