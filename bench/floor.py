@@ -19,7 +19,7 @@ FILLER = (
 )
 
 
-def _decision(tokens: int, n: int) -> dict[str, Any]:
+def floor_decision(tokens: int, n: int) -> dict[str, Any]:
     # About 32 tokens a sentence on the Qwen and SmolLM2 tokenizers; the prompt adds ~120.
     sentences = max(1, (tokens - 120) // 32)
     state = "".join(FILLER.format(n=f"{n}-{i}") for i in range(sentences))
@@ -43,7 +43,7 @@ def run(url: str, lengths: tuple[int, ...] = (200, 1000, 4000), repeats: int = 3
     for tokens in lengths:
         forward, total, floor, prompt_tokens = [], [], [], []
         for r in range(repeats):
-            reply = post(url + "/v1/decisions", _decision(tokens, tokens * 100 + r))
+            reply = post(url + "/v1/decisions", floor_decision(tokens, tokens * 100 + r))
             assert reply.status == 200, reply.body
             result = reply.body["result"]
             forward.append(result["timing"]["forward_seconds"])

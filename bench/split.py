@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import summary
-from bench.floor import _decision
+from bench.floor import floor_decision
 from semif_proxy.engine import DecisionEngine, Question
 from semif_proxy.settings import load_settings
 
@@ -28,7 +28,7 @@ def run(model: Path, lengths: tuple[int, ...] = (200, 1000), repeats: int = 8) -
         for tokens in lengths:
             split, prefix, suffix, whole, shapes = [], [], [], [], set()
             for r in range(repeats):
-                d = _decision(tokens, 7000 + tokens * 10 + r)["decision"]
+                d = floor_decision(tokens, 7000 + tokens * 10 + r)["decision"]
                 question = Question(
                     path="decision",
                     id=d["id"],
