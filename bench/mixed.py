@@ -1,7 +1,8 @@
 """`mixed`: how the engine and llama-server share the CPU, measured per design.
 
-For each design (SEMIF_CPU_SHARING=gate, split) one server with otherwise default settings runs
-three phases: decisions alone (4 clients), streaming chat alone (2 clients), and both at once.
+For each design (SEMIF_CPU_SHARING=slice, gate, split) one server with otherwise default
+settings runs three phases: decisions alone (4 clients), streaming chat alone (2 clients), and
+both at once.
 Two single-path servers give the optimum each path can reach on this machine: decisions with
 SEMIF_CHAT=off, chat with SEMIF_DECISIONS=off. Decisions are ~350-token prompts on fresh states
 (prefix cache off), chat answers are 64 generated tokens.
@@ -139,14 +140,19 @@ def serve(model: Path, env: dict[str, str | None]) -> ProxyProcess:
 
 
 DESIGNS: dict[str, dict[str, str | None]] = {
+    "slice": {"SEMIF_CPU_SHARING": "slice"},
     "gate": {"SEMIF_CPU_SHARING": "gate"},
     "split": {"SEMIF_CPU_SHARING": "split"},
     "none": {"SEMIF_CPU_SHARING": "none"},
+    # Both processes' OpenMP threads sleep at barriers instead of spinning.
     "none-passive": {"SEMIF_CPU_SHARING": "none", "OMP_WAIT_POLICY": "passive"},
 }
 
 
-def run(model: Path, seconds: float = 30.0, designs: tuple[str, ...] = ("gate", "split")) -> dict:
+DEFAULT_DESIGNS = ("slice", "gate", "split")
+
+
+def run(model: Path, seconds: float = 30.0, designs: tuple[str, ...] = DEFAULT_DESIGNS) -> dict:
     results: dict[str, Any] = {"seconds_per_phase": seconds, "designs": {}}
     server = serve(model, {"SEMIF_CHAT": "off"})
     try:

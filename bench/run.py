@@ -92,8 +92,9 @@ def headline(name: str, r: dict[str, Any]) -> str:
             parts.append(
                 f"{design}: decisions alone {d['decision_p50_over_optimum']:.2f}x optimum, chat "
                 f"alone {d['chat_rate_over_optimum']:.2f}x; mixed decision p50 "
-                f"{mix['decision_seconds']['p50']:.2f} s, chat "
-                f"{mix['chat_tokens_per_s_per_stream']['p50']:.1f} tok/s, TTFT p50 "
+                f"{mix['decision_seconds']['p50']:.2f} s ({mix['decisions_per_s']:.3f}/s), chat "
+                f"{mix['chat_tokens_per_s_per_stream']['p50']:.1f} tok/s per stream "
+                f"({mix['chat_tokens_per_s_total']:.1f} in all), TTFT p50 "
                 f"{mix['chat_ttft_seconds']['p50']:.2f} s"
             )
         return "; ".join(parts)
@@ -167,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("suites", nargs="+", choices=(*SUITES, *OWN_SERVERS, "all"))
     parser.add_argument("--mixed-seconds", type=float, default=30.0, help="per mixed phase")
     parser.add_argument(
-        "--mixed-designs", default="gate,split", help=f"of {','.join(mixed.DESIGNS)}"
+        "--mixed-designs", default="slice,gate,split", help=f"of {','.join(mixed.DESIGNS)}"
     )
     parser.add_argument("--model", type=Path, help="GGUF to serve (started here)")
     parser.add_argument("--endpoint", help="use a running server instead")

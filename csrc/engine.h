@@ -14,6 +14,7 @@
 // Sequence n_seq-1 only holds the filler cells that keep branch starts aligned (see
 // decode_branches); nothing attends to them and they are removed after every call.
 #include <atomic>
+#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -156,8 +157,18 @@ public:
     // call in progress throws kAborted and the engine holds no prefix afterwards. The flag
     // stays set until clear_abort(), so a caller that owns the engine decides when the next
     // job may start.
-    void request_abort() { abort_.store(true, std::memory_order_relaxed); }
+    void request_abort();
     void clear_abort() { abort_.store(false, std::memory_order_relaxed); }
+
+    // Time-slicing with another process on the same cores (any thread): after pause(), the
+    // job in progress parks at its next graph node, inside ggml's abort check on compute
+    // thread 0, until resume() or an abort. The other compute threads wait at that node's
+    // barrier (an OpenMP build lets them sleep there). Nothing is recomputed and nothing
+    // moves: a paused and resumed job gives the numbers an uninterrupted one gives.
+    void pause();
+    void resume();
+    bool parked() const { return parked_.load(std::memory_order_acquire); }
+    uint64_t parks() const { return parks_.load(std::memory_order_relaxed); }
 
 private:
     struct Branch {
@@ -168,6 +179,7 @@ private:
     using LogitsSink = std::function<void(size_t branch, size_t token_index, const float* row)>;
 
     static bool abort_requested(void* self);
+    void park();
     void check_abort();
     void check_token_ids(const std::vector<llama_token>& tokens, const char* what) const;
     void check_fits(size_t prefix, size_t suffix, size_t n_branches) const;
@@ -194,6 +206,11 @@ private:
     std::vector<float> prefix_logits_; // full-vocabulary logits at the prefix's last position
     uint64_t tokens_evaluated_ = 0;
     std::atomic<bool> abort_{false};
+    std::atomic<bool> pause_{false};
+    std::atomic<bool> parked_{false};
+    std::atomic<uint64_t> parks_{0};
+    std::mutex pause_mutex_;  // pause_cv_'s; apart from mutex_, which the job itself holds
+    std::condition_variable pause_cv_;
     std::mutex mutex_;
 };
 

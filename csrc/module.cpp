@@ -269,8 +269,16 @@ PYBIND11_MODULE(_engine, m) {
         .def_property_readonly("prefix_tokens", &Engine::prefix_tokens)
         .def("reset", [](Engine& e) { unlocked([&] { e.reset(); }); })
         .def("abort", &Engine::request_abort,
-             "Stop the work in progress (callable from any thread; no lock, no GIL needed).")
-        .def("clear_abort", &Engine::clear_abort, "Let the next job run.");
+             "Stop the work in progress, a parked one too (any thread; never waits on the job).")
+        .def("clear_abort", &Engine::clear_abort, "Let the next job run.")
+        .def("pause", &Engine::pause, py::call_guard<py::gil_scoped_release>(),
+             "Park the job in progress at its next graph node until resume() (any thread).")
+        .def("resume", &Engine::resume, py::call_guard<py::gil_scoped_release>(),
+             "Let a paused job go on.")
+        .def_property_readonly("parked", &Engine::parked,
+                               "A job is parked by pause() right now.")
+        .def_property_readonly("parks", &Engine::parks,
+                               "How many times a job has parked since the engine was made.");
 
     py::module_::import("atexit").attr("register")(py::cpp_function([] {
         semif::uninstall_log_callback();

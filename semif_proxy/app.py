@@ -9,6 +9,7 @@ from aiohttp import web
 from semif_proxy import auth, lifecycle
 from semif_proxy.admission import Admission
 from semif_proxy.cpu_gate import CpuGate
+from semif_proxy.cpu_slicer import CpuSlicer
 from semif_proxy.keys import (
     CHAT_ADMISSION,
     DECISION_ADMISSION,
@@ -33,12 +34,19 @@ def create_app(settings: Settings, on_fatal: Callable[[], None] | None = None) -
     )
     app[SETTINGS] = settings
     app[THREADS] = settings.threads
-    app[GATE] = CpuGate(enabled=app[THREADS].sharing == "gate")
+    sharing = app[THREADS].sharing
+    app[GATE] = (
+        CpuSlicer(settings.cpu_slice_ms / 1000, settings.cpu_chat_share)
+        if sharing == "slice"
+        else CpuGate(enabled=sharing == "gate")
+    )
     app[METRICS] = Metrics()
     app[STARTUP] = Startup(on_fatal=on_fatal or (lambda: None))
     app[DECISION_ADMISSION] = Admission("decision", settings.max_in_flight, settings.max_queue)
     app[CHAT_ADMISSION] = Admission("chat", settings.max_in_flight, settings.max_queue)
-    app.cleanup_ctx.extend([lifecycle.upstream_ctx, lifecycle.engine_ctx, lifecycle.llama_ctx])
+    app.cleanup_ctx.extend(
+        [lifecycle.upstream_ctx, lifecycle.engine_ctx, lifecycle.llama_ctx, lifecycle.cpu_ctx]
+    )
     health.register_gauges(app)
     app.router.add_get("/ping", health.ping)
     app.router.add_get("/health", health.health)

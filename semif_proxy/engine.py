@@ -311,7 +311,17 @@ class DecisionEngine:
         return await asyncio.get_running_loop().run_in_executor(None, cls.load, settings, threads)
 
     def close(self) -> None:
+        self.core.resume()  # a job parked by the CPU slicer must be able to end
         self._executor.shutdown(wait=True, cancel_futures=True)
+
+    # -- CPU time-slicing (cpu_slicer.py) ----------------------------------------------------
+
+    def pause(self) -> None:
+        """Park the job in progress at its next graph node (and the next job at its first)."""
+        self.core.pause()
+
+    def resume(self) -> None:
+        self.core.resume()
 
     @property
     def job_running(self) -> bool:

@@ -12,6 +12,7 @@ from aiohttp import web
 from semif_proxy.admission import Admission
 from semif_proxy.cpu import ThreadPlan
 from semif_proxy.cpu_gate import CpuGate
+from semif_proxy.cpu_slicer import CpuSlicer
 from semif_proxy.metrics import Metrics
 from semif_proxy.settings import Settings
 
@@ -44,4 +45,5 @@ DECISION_ADMISSION = web.AppKey("decision_admission", Admission)
 CHAT_ADMISSION = web.AppKey("chat_admission", Admission)
 STARTUP = web.AppKey("startup", Startup)
 THREADS = web.AppKey("threads", ThreadPlan)
-GATE = web.AppKey("cpu_gate", CpuGate)
+# The CPU gate or, with SEMIF_CPU_SHARING=slice, the slicer (same interface).
+GATE = web.AppKey("cpu_gate", CpuGate | CpuSlicer)

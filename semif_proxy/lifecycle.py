@@ -14,8 +14,9 @@ import aiohttp
 from aiohttp import web
 
 from semif_proxy import native
+from semif_proxy.cpu_slicer import CpuSlicer
 from semif_proxy.engine import DecisionEngine
-from semif_proxy.keys import ENGINE, LLAMA, SETTINGS, STARTUP, THREADS, UPSTREAM, EngineSlot
+from semif_proxy.keys import ENGINE, GATE, LLAMA, SETTINGS, STARTUP, THREADS, UPSTREAM, EngineSlot
 from semif_proxy.llama_args import with_defaults
 from semif_proxy.llama_server import LlamaServer, LlamaServerError, Supervision
 
@@ -36,6 +37,8 @@ async def _load_engine(app: web.Application) -> None:
         _fatal(app, "the decision engine", exc)
         return
     app[ENGINE].engine = engine
+    if isinstance(app[GATE], CpuSlicer):
+        app[GATE].attach(engine=engine)
     log.info("decision engine ready", extra={"event": "engine_ready", **engine.model_info})
 
 
@@ -76,6 +79,8 @@ async def llama_ctx(app: web.Application) -> AsyncIterator[None]:
         )
         server = LlamaServer(binary, settings.model_path, settings.upstream_port, args, supervision)
         app[LLAMA] = server  # state "stopped"/"starting": /ping says 503 until it is healthy
+        if isinstance(app[GATE], CpuSlicer):
+            app[GATE].attach(server=server)
         task = asyncio.create_task(_start_llama(app, server))
     yield
     if task is not None and not task.done():
@@ -84,6 +89,14 @@ async def llama_ctx(app: web.Application) -> AsyncIterator[None]:
             await task
     if server is not None:
         await server.stop()
+
+
+async def cpu_ctx(app: web.Application) -> AsyncIterator[None]:
+    # Last in, first out: the slicer stops taking turns (the engine resumed, llama-server
+    # continued) before either is stopped.
+    yield
+    if isinstance(app[GATE], CpuSlicer):
+        await app[GATE].close()
 
 
 async def upstream_ctx(app: web.Application) -> AsyncIterator[None]:

@@ -46,13 +46,14 @@ class Supervision:
 
 
 def _die_with_parent() -> None:
-    # Linux: the child gets SIGTERM when the proxy dies, even by SIGKILL; no orphans.
+    # Linux: the child is killed when the proxy dies, even by SIGKILL; no orphans. SIGKILL,
+    # because a child the CPU slicer has just stopped would act on SIGTERM only once continued.
     try:
         import ctypes
 
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
         pr_set_pdeathsig = 1
-        libc.prctl(pr_set_pdeathsig, signal.SIGTERM)
+        libc.prctl(pr_set_pdeathsig, signal.SIGKILL)
     except OSError:
         pass
 

@@ -67,9 +67,12 @@ class Settings(BaseModel):
     # Decision engine
     n_ctx: int = Field(4096, ge=64, le=1 << 20)
     n_threads: int = Field(0, ge=0, le=1024)  # 0: as cpu_sharing says (semif_proxy/cpu.py)
-    # How the engine and llama-server share the CPU: gate (both get every core, one job at a
+    # How the engine and llama-server share the CPU: slice (both get every core and take
+    # turns of cpu_slice_ms while both have work), gate (both get every core, one job at a
     # time), split (cores divided, both at once), none; auto: gate on the CPU, none with GPU.
-    cpu_sharing: Literal["auto", "gate", "split", "none"] = "auto"
+    cpu_sharing: Literal["auto", "slice", "gate", "split", "none"] = "auto"
+    cpu_slice_ms: int = Field(400, ge=10, le=2000)  # one round: a turn each
+    cpu_chat_share: float = Field(0.5, ge=0.1, le=0.9)  # llama-server's part of a round
     n_gpu_layers: int = Field(0, ge=-1)
     # Sequences: the prefix, at least one branch and the alignment filler need three.
     n_parallel: int = Field(8, ge=3, le=64)
@@ -174,6 +177,8 @@ _ENV: dict[str, tuple[str, tuple[str, ...]]] = {
     "n_ctx": ("SEMIF_CTX_SIZE", ("SM_LLAMA_CPP_CTX_SIZE", "SM_LLAMA_CPP_C")),
     "n_threads": ("SEMIF_THREADS", ("SM_LLAMA_CPP_THREADS", "SM_LLAMA_CPP_T")),
     "cpu_sharing": ("SEMIF_CPU_SHARING", ()),
+    "cpu_slice_ms": ("SEMIF_CPU_SLICE_MS", ()),
+    "cpu_chat_share": ("SEMIF_CPU_CHAT_SHARE", ()),
     "n_gpu_layers": (
         "SEMIF_N_GPU_LAYERS",
         ("SM_LLAMA_CPP_N_GPU_LAYERS", "SM_LLAMA_CPP_GPU_LAYERS", "SM_LLAMA_CPP_NGL"),

@@ -51,6 +51,7 @@ def test_a_quota_caps_the_cores(tmp_path: Path) -> None:
     ("sharing", "chat", "gpu", "args", "expected"),
     [
         ("auto", True, 0, (), ("gate", 8, 8)),
+        ("slice", True, 0, (), ("slice", 8, 8)),
         ("auto", True, 99, (), ("none", 8, 8)),
         ("auto", False, 0, (), ("none", 8, 8)),
         ("split", True, 0, (), ("split", 4, 4)),

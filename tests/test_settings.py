@@ -61,6 +61,9 @@ def test_model_by_name_in_model_dir(tmp_path: Path) -> None:
         ("SEMIF_MAX_QUEUE", "-5"),
         ("SEMIF_CTX_SIZE", "12"),
         ("SEMIF_LOG_LEVEL", "LOUD"),
+        ("SEMIF_CPU_SHARING", "fair"),
+        ("SEMIF_CPU_SLICE_MS", "5"),
+        ("SEMIF_CPU_CHAT_SHARE", "1.5"),
     ],
 )
 def test_bad_values_name_the_variable(tmp_path: Path, var: str, value: str) -> None:

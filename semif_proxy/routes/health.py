@@ -8,6 +8,7 @@ from typing import Any
 from aiohttp import web
 
 from semif_proxy import __version__, native
+from semif_proxy.cpu_slicer import CpuSlicer
 from semif_proxy.keys import (
     CHAT_ADMISSION,
     DECISION_ADMISSION,
@@ -82,6 +83,7 @@ async def health(request: web.Request) -> web.Response:
         "engine_threads": plan.engine,
         "llama_server_threads": plan.llama_server,
         "gate_waiting": app[GATE].waiting,
+        "slice_turns": app[GATE].turns if isinstance(app[GATE], CpuSlicer) else None,
     }
     if engine is not None:
         body["model"] = engine.model_info
@@ -126,6 +128,10 @@ def register_gauges(app: web.Application) -> None:
     )
     metrics.gauge("semif_cpu_gate_waiting", lambda: float(app[GATE].waiting))
     metrics.gauge("semif_cpu_gate_waits_total", lambda: float(app[GATE].waits))
+    metrics.gauge(
+        "semif_cpu_slice_turns_total",
+        lambda: float(app[GATE].turns) if isinstance(app[GATE], CpuSlicer) else 0.0,
+    )
     metrics.gauge(
         "semif_llama_server_unresponsive_kills_total",
         lambda: float(app[LLAMA].unresponsive_kills) if app.get(LLAMA) is not None else 0.0,
