@@ -49,17 +49,6 @@ def available_cores(root: Path = CGROUP) -> int:
     return max(1, cores)
 
 
-def openmp_loaded(maps: Path = Path("/proc/self/maps")) -> bool | None:
-    """Whether this process has an OpenMP runtime mapped (ggml's CPU backend built with
-    GGML_OPENMP: its threads can sleep at a barrier; ggml's own threadpool only spins).
-    None where /proc cannot tell."""
-    try:
-        text = maps.read_text()
-    except OSError:
-        return None
-    return any(name in text for name in ("libgomp", "libomp", "libiomp"))
-
-
 @dataclass(frozen=True)
 class ThreadPlan:
     """Who gets which cores. `slice`: the engine and llama-server both use every core and

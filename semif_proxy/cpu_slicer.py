@@ -14,10 +14,11 @@ node, spinning; two processes that both spin on the same cores slow each other d
 over (the `none` design in bench `mixed`), and llama-server's thread count is fixed when it
 starts. A stopped process spins on nothing.
 
-What keeps llama-server from staying stopped: it is continued at the end of every turn pair,
+What keeps llama-server from staying stopped: it is continued at the end of every engine turn,
 when either kind of work ends, when the slicer closes, and before the supervisor signals it
-(LlamaServer._terminate); it is only ever stopped while the supervisor counts it healthy; and
-it dies with the proxy by SIGKILL, which ends a stopped process too.
+(LlamaServer._terminate); a turn starts only while the supervisor counts it healthy (a health
+probe then waits at most one engine turn; settings refuse a SEMIF_HEALTH_TIMEOUT shorter than
+that); and it dies with the proxy by SIGKILL, which ends a stopped process too.
 """
 
 from __future__ import annotations
@@ -31,13 +32,14 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Protocol
 
-from semif_proxy.cpu import openmp_loaded
 from semif_proxy.cpu_gate import CpuGate
 
 log = logging.getLogger("semif_proxy.cpu")
 
 
 class Pausable(Protocol):
+    @property
+    def parks_quietly(self) -> bool: ...
     def pause(self) -> None: ...
     def resume(self) -> None: ...
 
@@ -74,9 +76,11 @@ class CpuSlicer:
         self._stopped_pid: int | None = None
         self._task: asyncio.Task[None] | None = None
         self._ended = asyncio.Event()  # one kind of work ended: stop taking turns at once
-        # Where a parked engine's other threads would spin (no OpenMP runtime), the gate's
-        # one-job-at-a-time takes over.
+        # Where a parked engine's other threads would spin (no OpenMP), the gate's
+        # one-job-at-a-time takes over. Decided when the engine has loaded: chat calls that
+        # entered before then finish outside the gate (a start-up moment, nothing lost).
         self.fallback: CpuGate | None = None
+        self._closed = False
 
     @property
     def waiting(self) -> int:
@@ -88,9 +92,9 @@ class CpuSlicer:
 
     def attach(self, engine: Pausable | None = None, server: Stoppable | None = None) -> None:
         if engine is not None:
-            if openmp_loaded() is False:
+            if not engine.parks_quietly:
                 log.warning(
-                    "no OpenMP runtime in this process: a parked engine's threads would spin, "
+                    "ggml's CPU backend has no OpenMP: a parked engine's threads would spin, "
                     "so the CPU is shared by the gate (one job at a time) instead of slices",
                     extra={"event": "cpu_slicer_fallback"},
                 )
@@ -135,7 +139,7 @@ class CpuSlicer:
         if not self.both:
             self._ended.set()
             self._release()  # now, not at the end of the turn in progress
-        elif self._task is None or self._task.done():
+        elif not self._closed and (self._task is None or self._task.done()):
             # The newcomer's turn first: a chat that arrives during a decision gets its
             # first token without waiting out the decision's turn.
             self._task = asyncio.create_task(
@@ -151,12 +155,17 @@ class CpuSlicer:
                     self._stop_server()
                     self._engine.resume()
                 else:
-                    self._engine.pause()
+                    if self._server_may_run():
+                        self._engine.pause()
+                    else:  # restarting or stalled: its turn would be lost
+                        self._engine.resume()
                     self._continue_server()
                 self.turns += 1
                 with contextlib.suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(self._ended.wait(), self.turn_s[turn])
                 turn = "server" if turn == "engine" else "engine"
+        except Exception:
+            log.exception("CPU slicer failed; both run unsliced", extra={"event": "cpu_slicer"})
         finally:
             self._release()
 
@@ -165,10 +174,14 @@ class CpuSlicer:
             self._engine.resume()
         self._continue_server()
 
+    def _server_may_run(self) -> bool:
+        server = self._server
+        return server is not None and server.healthy and server.pid is not None
+
     def _stop_server(self) -> None:
         server = self._server
-        if server is None or not server.healthy or server.pid is None:
-            return  # starting, restarting or gone: never stop what the supervisor watches
+        if server is None or not self._server_may_run() or server.pid is None:
+            return  # starting, restarting, stopping or gone: not while the supervisor acts
         if process_stopped(server.pid):
             return  # stopped by someone else: not ours to continue
         try:
@@ -179,12 +192,13 @@ class CpuSlicer:
 
     def _continue_server(self) -> None:
         pid, self._stopped_pid = self._stopped_pid, None
-        if pid is None:
-            return
+        if pid is None or self._server is None or self._server.pid != pid:
+            return  # gone (the supervisor's SIGKILL ends a stopped child): the pid may be reused
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGCONT)
 
     async def close(self) -> None:
+        self._closed = True
         task, self._task = self._task, None
         if task is not None and not task.done():
             task.cancel()

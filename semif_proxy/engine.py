@@ -316,6 +316,16 @@ class DecisionEngine:
 
     # -- CPU time-slicing (cpu_slicer.py) ----------------------------------------------------
 
+    @property
+    def parks_quietly(self) -> bool:
+        """A parked job's other compute threads sleep at the node's barrier: ggml's CPU backend
+        uses OpenMP (its own threadpool would spin there, keeping the cores busy)."""
+        return "OPENMP = 1" in str(native.build_info()["system_info"])
+
+    @property
+    def parks(self) -> int:
+        return self.core.parks
+
     def pause(self) -> None:
         """Park the job in progress at its next graph node (and the next job at its first)."""
         self.core.pause()

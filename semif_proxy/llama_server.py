@@ -170,6 +170,7 @@ class LlamaServer:
     async def stop(self, timeout: float = 10.0) -> None:
         self._stopping = True
         self.state = "stopping"
+        self._healthy.clear()  # nothing (the CPU slicer) stops a child that is being stopped
         if self._supervisor:
             self._supervisor.cancel()
             with contextlib.suppress(asyncio.CancelledError):

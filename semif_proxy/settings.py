@@ -348,7 +348,22 @@ def load_settings(env: Mapping[str, str] | None = None, **overrides: Any) -> Set
         var = sources.get(field, _ENV.get(field, (field,))[0])
         raise SettingsError(f"{var}: {first['msg']} (got {first.get('input')!r})") from None
     _check_prior_prompts(settings, sources.get("position_prior", "SEMIF_CALIBRATION"))
+    _check_slice_turns(settings)
     return _complete(env, settings)
+
+
+def _check_slice_turns(settings: Settings) -> None:
+    """With SEMIF_CPU_SHARING=slice llama-server is stopped for an engine turn at a time; a
+    health probe that gives up sooner would count a healthy llama-server as stalled."""
+    if settings.threads.sharing != "slice":
+        return
+    turn = settings.cpu_slice_ms * (1 - settings.cpu_chat_share) / 1000
+    if settings.health_timeout <= turn:
+        raise SettingsError(
+            f"SEMIF_HEALTH_TIMEOUT: {settings.health_timeout:g}s is not longer than the CPU "
+            f"slicer's engine turn ({turn:g}s = SEMIF_CPU_SLICE_MS x (1 - SEMIF_CPU_CHAT_SHARE)), "
+            "during which llama-server is stopped; raise it or shorten the turn"
+        )
 
 
 def _check_prior_prompts(settings: Settings, var: str) -> None:

@@ -16,9 +16,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from semif_proxy import cpu_slicer, native
-from semif_proxy.cpu import openmp_loaded
+from semif_proxy import native
 from semif_proxy.cpu_slicer import CpuSlicer, process_stopped
+from semif_proxy.engine import DecisionEngine
+from semif_proxy.settings import SettingsError, load_settings
 from semif_proxy.testing.server import ProxyProcess, wait_for
 
 LONG_STATE = "The parcel was marked delivered but never reached the customer's door. " * 60
@@ -87,10 +88,10 @@ def test_an_abort_ends_a_parked_job(engine: native.Engine) -> None:
     assert logits.shape == (1, 4)
 
 
-def test_this_build_sleeps_at_barriers(engine: native.Engine) -> None:
+def test_this_build_sleeps_at_barriers(decision_engine) -> None:
     # The slicer relies on ggml's CPU backend using OpenMP (a parked engine's other threads
     # then sleep); without it the proxy falls back to the gate. This build must have it.
-    assert openmp_loaded() is True
+    assert decision_engine.parks_quietly is True
 
 
 # -- the slicer against a real process -----------------------------------------------------------
@@ -130,29 +131,40 @@ async def settle(check: Callable[[], bool], what: str, seconds: float = 30.0) ->
 def test_turns_stop_and_continue_the_server_and_end_with_it_running(
     decision_engine, child: Child
 ) -> None:
+    core = decision_engine.core
+    prompt = core.tokenize(LONG_STATE, add_special=True)
+    ids = letter_ids(core)
+    core.reset()
+    quiet, _, _ = core.score(prompt, [[]], ids)
+    core.reset()
+    parks = core.parks
+
     async def scenario() -> CpuSlicer:
         slicer = CpuSlicer(round_s=0.04, chat_share=0.5)
         slicer.attach(engine=decision_engine, server=child)
         seen_stopped = seen_running = 0
         async with slicer.shared():
             async with slicer.exclusive():  # the newcomer (the engine) goes first
+                job = asyncio.create_task(asyncio.to_thread(core.score, prompt, [[]], ids))
                 await settle(lambda: slicer.turns >= 1, "the first turn")
-                while slicer.turns < 8:
+                deadline = time.monotonic() + 60
+                while not job.done() or slicer.turns < 8:
+                    assert time.monotonic() < deadline, "the job or the turns stalled"
                     if process_stopped(child.pid):
                         seen_stopped += 1
                     else:
                         seen_running += 1
                     await asyncio.sleep(0.002)
+                logits, _, _ = await job
             # The decision ended: the server runs again at once, not a turn later.
             assert not process_stopped(child.pid)
         assert seen_stopped and seen_running, (seen_stopped, seen_running)
+        np.testing.assert_array_equal(logits, quiet)  # parked and resumed: the same bits
         return slicer
 
     slicer = asyncio.run(scenario())
     assert not process_stopped(child.pid) and slicer.turns >= 8
-    assert not decision_engine.core.parked
-    logits, _, _ = decision_engine.core.score([1, 2, 3], [[]], [4])  # not left paused
-    assert logits.shape == (1, 1)
+    assert core.parks > parks, "the job never parked on llama-server's turns"
 
 
 def test_never_stops_an_unhealthy_server_nor_continues_one_it_did_not_stop(
@@ -163,7 +175,9 @@ def test_never_stops_an_unhealthy_server_nor_continues_one_it_did_not_stop(
         slicer.attach(engine=decision_engine, server=child)
         async with slicer.shared(), slicer.exclusive():
             start = slicer.turns
+            deadline = time.monotonic() + 30
             while slicer.turns < start + n:
+                assert time.monotonic() < deadline, "no turns taken"
                 check()
                 await asyncio.sleep(0.002)
 
@@ -190,14 +204,14 @@ def test_close_releases_both(decision_engine, child: Child) -> None:
             assert not process_stopped(child.pid)
 
     asyncio.run(scenario())
-    assert not decision_engine.core.parked
 
 
 def test_without_openmp_the_gate_takes_over(
     decision_engine, child: Child, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # A build whose threads only spin (no OpenMP) cannot be made here; its detection can.
-    monkeypatch.setattr(cpu_slicer, "openmp_loaded", lambda: False)
+    # A ggml whose threads only spin (GGML_OPENMP=OFF) is not built here; what it reports is
+    # stood in for.
+    monkeypatch.setattr(DecisionEngine, "parks_quietly", property(lambda self: False))
 
     async def scenario() -> None:
         slicer = CpuSlicer()
@@ -213,16 +227,14 @@ def test_without_openmp_the_gate_takes_over(
     asyncio.run(scenario())
 
 
-# -- settings and environment ---------------------------------------------------------------------
-
-
-def test_openmp_detection_reads_the_maps(tmp_path: Path) -> None:
-    maps = tmp_path / "maps"
-    maps.write_text("7f00-7f01 r-xp 0 08:01 1 /usr/lib/x86_64-linux-gnu/libgomp.so.1.0.0\n")
-    assert openmp_loaded(maps) is True
-    maps.write_text("7f00-7f01 r-xp 0 08:01 1 /usr/lib/libggml-cpu.so\n")
-    assert openmp_loaded(maps) is False
-    assert openmp_loaded(tmp_path / "missing") is None
+def test_a_health_probe_outlasts_an_engine_turn(tmp_path: Path) -> None:
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"")
+    env = {"SEMIF_CPU_SHARING": "slice", "SEMIF_HEALTH_TIMEOUT": "0.15"}
+    with pytest.raises(SettingsError, match="SEMIF_HEALTH_TIMEOUT"):
+        load_settings(env, model=str(model))  # llama-server is stopped for 0.2 s at a time
+    load_settings({**env, "SEMIF_CPU_SLICE_MS": "200"}, model=str(model))  # 0.1 s turns
+    load_settings({**env, "SEMIF_CPU_SHARING": "gate"}, model=str(model))
 
 
 # -- through the real proxy -----------------------------------------------------------------
@@ -236,7 +248,8 @@ def test_a_decision_and_a_chat_at_once_take_turns_and_agree_with_quiet_runs(
     model_path: Path, tmp_path: Path
 ) -> None:
     # Every core for both, as `make run` starts them, sliced.
-    env = {"SEMIF_THREADS": None, "SEMIF_CPU_SHARING": "slice"}
+    # No prefix cache, and another state asked in between: the sliced decision prefills anew.
+    env = {"SEMIF_THREADS": None, "SEMIF_CPU_SHARING": "slice", "SEMIF_PREFIX_CACHE_MB": "0"}
     server = ProxyProcess(model_path, env, log_path=tmp_path / "slice.log")
     server.start()
     try:
@@ -261,6 +274,8 @@ def test_a_decision_and_a_chat_at_once_take_turns_and_agree_with_quiet_runs(
             "ignore_eos": True,
         }
         quiet_decision = server.call("POST", "/v1/decisions", decision).json()
+        other = {"decision": {**decision["decision"], "state": "Another ticket. " * 30}}
+        assert server.call("POST", "/v1/decisions", other).status == 200
         turns_before = health["cpu"]["slice_turns"]
 
         async def both(with_decision: bool) -> tuple[dict | None, str]:
@@ -297,10 +312,13 @@ def test_a_decision_and_a_chat_at_once_take_turns_and_agree_with_quiet_runs(
         # beside the decision does (a cached prompt shifts a greedy tie some tokens in).
         asyncio.run(both(False))
         _, quiet_text = asyncio.run(both(False))
+        parks_before = server.call("GET", "/health").json()["cpu"]["engine_parks"]
         answer, text = asyncio.run(both(True))
         assert answer is not None
         health = server.call("GET", "/health").json()
         assert health["cpu"]["slice_turns"] > turns_before + 2, "no turns were taken"
+        assert health["cpu"]["engine_parks"] > parks_before, "the decision never parked"
+        assert health["cpu"]["slice_fallback"] is False
         # Stopped and parked, nothing recomputed: the same numbers and the same text.
         assert answer["result"]["probabilities"] == quiet_decision["result"]["probabilities"]
         assert text == quiet_text
@@ -317,12 +335,16 @@ def test_a_stopped_llama_server_dies_with_a_killed_proxy(model_path: Path, tmp_p
     assert server.proc is not None
     server.proc.kill()
     server.proc.wait()
+    try:
+        wait_for(lambda: gone(pid), 30, "the stopped llama-server ends with its proxy")
+    finally:
+        if not gone(pid):
+            os.kill(pid, signal.SIGKILL)  # never leave a stopped orphan on its port
 
-    def gone() -> bool:
-        try:
-            stat = Path(f"/proc/{pid}/stat").read_text()
-        except OSError:
-            return True
-        return stat[stat.rindex(")") + 2 :].startswith(("Z", "X"))
 
-    wait_for(gone, 30, "the stopped llama-server ends with its proxy")
+def gone(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    return stat[stat.rindex(")") + 2 :].startswith(("Z", "X"))

@@ -34,7 +34,8 @@ async def run_on_engine(request: web.Request, fn: Any) -> Any:
     remaining = request[DEADLINE] - asyncio.get_running_loop().time()
     if remaining <= 0:
         raise deadline_passed(request)
-    # The whole machine for this job: chat calls in flight finish first, new ones wait.
+    # The whole machine for this job (cpu_gate.py: chat calls in flight finish first, new
+    # ones wait; cpu_slicer.py: turns with chat calls in flight).
     async with request.app[GATE].exclusive(remaining):
         remaining = request[DEADLINE] - asyncio.get_running_loop().time()
         try:

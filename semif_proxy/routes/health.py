@@ -84,6 +84,9 @@ async def health(request: web.Request) -> web.Response:
         "llama_server_threads": plan.llama_server,
         "gate_waiting": app[GATE].waiting,
         "slice_turns": app[GATE].turns if isinstance(app[GATE], CpuSlicer) else None,
+        # The gate took over: ggml's CPU backend has no OpenMP (cpu_slicer.py).
+        "slice_fallback": isinstance(app[GATE], CpuSlicer) and app[GATE].fallback is not None,
+        "engine_parks": engine.parks if engine is not None else None,
     }
     if engine is not None:
         body["model"] = engine.model_info
