@@ -29,6 +29,7 @@ import logging
 import os
 import signal
 from collections.abc import AsyncIterator
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from typing import Protocol
 
@@ -51,13 +52,18 @@ class Stoppable(Protocol):
     def healthy(self) -> bool: ...
 
 
-def process_stopped(pid: int) -> bool:
-    """The process is stopped by a signal (state T in /proc/<pid>/stat)."""
+def process_state(pid: int) -> str | None:
+    """The state letter in /proc/<pid>/stat (T: stopped by a signal, Z: a zombie); None when
+    there is no such process."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
-        return False
-    return stat[stat.rindex(")") + 2 :].startswith("T")
+        return None
+    return stat[stat.rindex(")") + 2]
+
+
+def process_stopped(pid: int) -> bool:
+    return process_state(pid) == "T"
 
 
 class CpuSlicer:
@@ -68,8 +74,7 @@ class CpuSlicer:
     def __init__(self, round_s: float = 0.4, chat_share: float = 0.5) -> None:
         self.enabled = True
         self.turn_s = {"server": round_s * chat_share, "engine": round_s * (1 - chat_share)}
-        self.decisions = 0
-        self.chats = 0
+        self.in_flight = {"engine": 0, "server": 0}  # decisions, chat calls
         self.turns = 0  # turns handed over while both ran
         self._engine: Pausable | None = None
         self._server: Stoppable | None = None
@@ -103,37 +108,31 @@ class CpuSlicer:
         if server is not None:
             self._server = server
 
-    @contextlib.asynccontextmanager
-    async def exclusive(self, timeout: float | None = None) -> AsyncIterator[None]:
+    def exclusive(self, timeout: float | None = None) -> AbstractAsyncContextManager[None]:
+        """A decision's engine job."""
         if self.fallback is not None:
-            async with self.fallback.exclusive(timeout):
-                yield
-            return
-        self.decisions += 1
-        self._changed(newcomer="engine")
-        try:
-            yield
-        finally:
-            self.decisions -= 1
-            self._changed()
+            return self.fallback.exclusive(timeout)
+        return self._in_flight("engine")
+
+    def shared(self, timeout: float | None = None) -> AbstractAsyncContextManager[None]:
+        """A chat call to llama-server."""
+        if self.fallback is not None:
+            return self.fallback.shared(timeout)
+        return self._in_flight("server")
 
     @contextlib.asynccontextmanager
-    async def shared(self, timeout: float | None = None) -> AsyncIterator[None]:
-        if self.fallback is not None:
-            async with self.fallback.shared(timeout):
-                yield
-            return
-        self.chats += 1
-        self._changed(newcomer="server")
+    async def _in_flight(self, kind: str) -> AsyncIterator[None]:
+        self.in_flight[kind] += 1
+        self._changed(newcomer=kind)
         try:
             yield
         finally:
-            self.chats -= 1
+            self.in_flight[kind] -= 1
             self._changed()
 
     @property
     def both(self) -> bool:
-        return self.decisions > 0 and self.chats > 0
+        return self.in_flight["engine"] > 0 and self.in_flight["server"] > 0
 
     def _changed(self, newcomer: str | None = None) -> None:
         if not self.both:
@@ -180,7 +179,7 @@ class CpuSlicer:
 
     def _stop_server(self) -> None:
         server = self._server
-        if server is None or not self._server_may_run() or server.pid is None:
+        if server is None or server.pid is None or not self._server_may_run():
             return  # starting, restarting, stopping or gone: not while the supervisor acts
         if process_stopped(server.pid):
             return  # stopped by someone else: not ours to continue

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from semif_proxy import native
-from semif_proxy.cpu_slicer import CpuSlicer, process_stopped
+from semif_proxy.cpu_slicer import CpuSlicer, process_state, process_stopped
 from semif_proxy.engine import DecisionEngine
 from semif_proxy.settings import SettingsError, load_settings
 from semif_proxy.testing.server import ProxyProcess, wait_for
@@ -27,6 +27,17 @@ LONG_STATE = "The parcel was marked delivered but never reached the customer's d
 
 def letter_ids(engine: native.Engine) -> list[int]:
     return [engine.tokenize(c, parse_special=False)[0] for c in "ABCD"]
+
+
+def quiet_run(engine: native.Engine) -> tuple[list[int], list[int], tuple]:
+    """The long prompt, the letter ids, and its scores from a fresh prefill, undisturbed; the
+    engine is left holding no prefix, so the next score prefills anew."""
+    prompt = engine.tokenize(LONG_STATE, add_special=True)
+    ids = letter_ids(engine)
+    engine.reset()
+    quiet = engine.score(prompt, [[]], ids)
+    engine.reset()
+    return prompt, ids, quiet
 
 
 def score_in_thread(engine: native.Engine, prompt: list[int], ids: list[int]) -> tuple:
@@ -47,11 +58,7 @@ def score_in_thread(engine: native.Engine, prompt: list[int], ids: list[int]) ->
 
 
 def test_a_paused_job_parks_and_resumes_to_the_same_numbers(engine: native.Engine) -> None:
-    prompt = engine.tokenize(LONG_STATE, add_special=True)
-    ids = letter_ids(engine)
-    engine.reset()
-    quiet, quiet_lse, _ = engine.score(prompt, [[]], ids)
-    engine.reset()
+    prompt, ids, (quiet, quiet_lse, _) = quiet_run(engine)
     parks = engine.parks
     engine.pause()
     try:
@@ -132,11 +139,7 @@ def test_turns_stop_and_continue_the_server_and_end_with_it_running(
     decision_engine, child: Child
 ) -> None:
     core = decision_engine.core
-    prompt = core.tokenize(LONG_STATE, add_special=True)
-    ids = letter_ids(core)
-    core.reset()
-    quiet, _, _ = core.score(prompt, [[]], ids)
-    core.reset()
+    prompt, ids, (quiet, _, _) = quiet_run(core)
     parks = core.parks
 
     async def scenario() -> CpuSlicer:
@@ -343,8 +346,4 @@ def test_a_stopped_llama_server_dies_with_a_killed_proxy(model_path: Path, tmp_p
 
 
 def gone(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return True
-    return stat[stat.rindex(")") + 2 :].startswith(("Z", "X"))
+    return process_state(pid) in (None, "Z", "X")
