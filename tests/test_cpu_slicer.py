@@ -284,6 +284,13 @@ def test_a_decision_and_a_chat_at_once_take_turns_and_agree_with_quiet_runs(
         async def both(with_decision: bool) -> tuple[dict | None, str]:
             import aiohttp
 
+            # One probe of llama-server that times out on a busy machine makes chat a 503
+            # until the next one passes (the supervisor's rule, not the slicer's): each run
+            # starts once /ping says both paths are ready.
+            await asyncio.to_thread(
+                wait_for, lambda: server.call("GET", "/ping").status == 200, 30, "/ping 200"
+            )
+
             async with aiohttp.ClientSession() as session:
                 started = asyncio.Event()
 
