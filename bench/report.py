@@ -139,8 +139,95 @@ def rows(tag: str) -> list[tuple[str, str, str]]:
     return out
 
 
+def _cpu(cpu: dict[str, Any] | None) -> str:
+    if not cpu:
+        return "1 + 1 (older run)"
+    threads = f"{cpu.get('engine_threads', '?')} + {cpu.get('llama_server_threads', '?')}"
+    return f"{cpu.get('sharing', '?')}, {threads}"
+
+
+def _side(tag: str) -> dict[str, str]:
+    """One model's column of the side-by-side table: its headline numbers, by row name."""
+    out: dict[str, str] = {}
+    if j := load("jevbench", tag):
+        files = ", ".join(f"{k} {v['correct']}/{v['tasks']}" for k, v in j["per_file"].items())
+        out["JevBench via /v1/systemone"] = f"{j['correct']}/{j['tasks']} ({files})"
+        out["JevBench latency p50 / p95"] = (
+            f"{ms(j['latency_seconds']['p50'])} / {ms(j['latency_seconds']['p95'])}"
+        )
+        out["JevBench calibration (ECE)"] = f"{j['ece']:.3f}"
+    if g := load("generation", tag):
+        out["chat's reply names the decision's top option"] = (
+            f"{g['chat_argmax_agreement']:.0%} (no option named: {g['chat_unparseable']:.0%})"
+        )
+        out["`/completion` top-10 misses an option letter"] = (
+            f"{g['completion_missing_some_letter']:.0%} of tasks"
+        )
+        out["`/completion` / decision latency p50"] = f"{g['completion_over_decision_p50']:.2f}x"
+    if r := load("order", tag):
+        d = r["by_path"]["decision"]
+        out["first-listed option chosen (position-blind)"] = (
+            f"{d['first_listed_share']:.0%} ({r['first_listed_share_if_position_blind']:.0%})"
+        )
+        out["accuracy one order -> `permutations: n`"] = (
+            f"{d['accuracy']:.0%} -> {r['permuted_accuracy']:.0%} "
+            f"({r['permuted_over_single_p50']:.2f}x latency)"
+        )
+    if o := load("overhead", tag):
+        out["HTTP overhead p50 (target <= 1.10)"] = f"{o['ratio_p50']:.3f}"
+    if s := load("shared", tag):
+        out["shared state vs cold singles (target >= 4x)"] = f"{s['speedup_vs_cold_singles']:.2f}x"
+    if p := load("prefix", tag):
+        out["prefix cache warm / cold (target <= 0.3)"] = (
+            f"{p['warm_over_cold_p50']:.2f} ({ms(p['cold_seconds']['p50'])} -> "
+            f"{ms(p['warm_seconds']['p50'])})"
+        )
+    if f := load("floor", tag):
+        out["decision / llama-server floor (target <= 1.05)"] = ", ".join(
+            f"{v['forward_over_floor']:.2f}x at {v['prompt_tokens']:,}"
+            for v in f["lengths"].values()
+        )
+    if c := load("scaling", tag):
+        for n, v in c["by_state_length"].items():  # the tokenizers differ: the cell says
+            out[f"cold decision, ~{int(n):,}-token state"] = (
+                f"{v['seconds']:.1f} s ({v['tokens']:,} tokens)"
+            )
+        if c["by_clients"]:
+            n, best = max(c["by_clients"].items(), key=lambda kv: kv[1]["decisions_per_s"])
+            out["decisions/s, best of 1-8 clients (prefix held)"] = (
+                f"{best['decisions_per_s']:.2f} ({n} clients)"
+            )
+        out["memory PSS, " + " + ".join(c["memory_kb"])] = (
+            " + ".join(f"{v['pss'] / 1024:,.0f}" for v in c["memory_kb"].values()) + " MiB"
+        )
+    # What each number ran with: every results file since the defaults changed records its
+    # server's CPU settings; older ones (1 thread per process) have none.
+    settings = set()
+    for suite in ("jevbench", "generation", "order", "overhead", "shared", "prefix", "floor"):
+        if (r := load(suite, tag)) is not None:
+            settings.add(_cpu(r.get("server_cpu")))
+    if c:
+        settings.add(_cpu(c.get("server_cpu")))
+    if settings:
+        out["CPU sharing, threads engine + llama-server"] = "; ".join(sorted(settings))
+    return out
+
+
+def side_by_side(tags: list[str]) -> list[str]:
+    """The models next to each other, one column each ("—": not run for that model)."""
+    columns = [_side(tag) for tag in tags]
+    names: list[str] = []
+    for col in columns:
+        names += [n for n in col if n not in names]
+    lines = ["| | " + " | ".join(tags) + " |", "|---" * (len(tags) + 1) + "|"]
+    lines += [f"| {n} | " + " | ".join(col.get(n, "—") for col in columns) + " |" for n in names]
+    return lines
+
+
 def main() -> int:
-    for tag in sys.argv[1:] or ["smollm2", "qwen2.5-0.5b"]:
+    tags = sys.argv[1:] or ["smollm2", "qwen2.5-0.5b", "qwen2.5-1.5b"]
+    print("\n".join(side_by_side(tags)))
+    for tag in tags:
         print(f"\n**{tag}**\n")
         print("| benchmark | result | detail |\n|---|---|---|")
         for name, result, detail in rows(tag):

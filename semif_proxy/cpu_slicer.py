@@ -16,9 +16,10 @@ starts. A stopped process spins on nothing.
 
 What keeps llama-server from staying stopped: it is continued at the end of every engine turn,
 when either kind of work ends, when the slicer closes, and before the supervisor signals it
-(LlamaServer._terminate); a turn starts only while the supervisor counts it healthy (a health
-probe then waits at most one engine turn; settings refuse a SEMIF_HEALTH_TIMEOUT shorter than
-that); and it dies with the proxy by SIGKILL, which ends a stopped process too.
+(LlamaServer._terminate); a turn starts only while the supervisor counts it healthy and its
+last probe passed (a health probe then waits at most one engine turn; settings refuse a
+SEMIF_HEALTH_TIMEOUT shorter than that); and it dies with the proxy by SIGKILL, which ends a
+stopped process too.
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ class Stoppable(Protocol):
     @property
     def pid(self) -> int | None: ...
     @property
-    def healthy(self) -> bool: ...
+    def answering(self) -> bool: ...
 
 
 def process_state(pid: int) -> str | None:
@@ -175,7 +176,7 @@ class CpuSlicer:
 
     def _server_may_run(self) -> bool:
         server = self._server
-        return server is not None and server.healthy and server.pid is not None
+        return server is not None and server.answering and server.pid is not None
 
     def _stop_server(self) -> None:
         server = self._server

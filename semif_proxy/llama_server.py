@@ -1,9 +1,9 @@
 """Supervision of the llama-server child: start, probe, restart, stop.
 
-A probe that succeeds makes the child healthy again; `max_failed_probes` failed probes in a row
-(a stalled or wedged child) get it killed and restarted; an exit gets it restarted with
-exponential backoff. Its output is read without pause, whatever its line lengths, so the pipe
-can never fill and block it.
+A probe that succeeds makes the child healthy again; `unhealthy_after` failed probes in a row
+make it unhealthy; `max_failed_probes` in a row (a stalled or wedged child) get it killed and
+restarted; an exit gets it restarted with exponential backoff. Its output is read without pause,
+whatever its line lengths, so the pipe can never fill and block it.
 """
 
 from __future__ import annotations
@@ -40,6 +40,11 @@ class Supervision:
     start_timeout: float = 600.0
     probe_interval: float = 2.0
     probe_timeout: float = 2.0
+    # One missed probe is not a stall: on a loaded machine a /health call can miss its timeout
+    # while llama-server generates, and calling the child unhealthy for that turned a chat call
+    # into a 503 (seen on a busy 2-core CI machine). Two in a row still notice a SIGSTOP in
+    # seconds.
+    unhealthy_after: int = 2
     max_failed_probes: int = 5
     backoff_initial: float = 0.5
     backoff_max: float = 30.0
@@ -134,6 +139,12 @@ class LlamaServer:
     @property
     def pid(self) -> int | None:
         return self.process.pid if self.process and self.process.returncode is None else None
+
+    @property
+    def answering(self) -> bool:
+        """Healthy, and its last probe passed: one miss leaves chat open (see `unhealthy_after`),
+        but the CPU slicer gives no turns to a child that may be stalled (they would be lost)."""
+        return self.healthy and self.failed_probes == 0
 
     @property
     def healthy(self) -> bool:
@@ -332,13 +343,26 @@ class LlamaServer:
                     self._mark_healthy()
                     continue
                 self.failed_probes += 1
-                self._healthy.clear()
-                if self.state != "unresponsive":
-                    log.warning(
-                        "llama-server does not answer /health",
-                        extra={"event": "llama_server_unresponsive", "pid": process.pid},
+                # Never killed while still counted healthy (SEMIF_MAX_FAILED_PROBES may be 1).
+                if self.failed_probes >= min(
+                    self.supervision.unhealthy_after, self.supervision.max_failed_probes
+                ):
+                    self._healthy.clear()
+                    if self.state != "unresponsive":
+                        log.warning(
+                            "llama-server does not answer /health",
+                            extra={
+                                "event": "llama_server_unresponsive",
+                                "pid": process.pid,
+                                "failed_probes": self.failed_probes,
+                            },
+                        )
+                    self.state = "unresponsive"
+                else:
+                    log.debug(
+                        "llama-server missed a probe",
+                        extra={"event": "llama_server_probe_missed", "pid": process.pid},
                     )
-                self.state = "unresponsive"
                 if self.failed_probes >= self.supervision.max_failed_probes:
                     log.error(
                         "llama-server unresponsive; killing it to restart",

@@ -184,8 +184,9 @@ async def chaos(server: ProxyProcess, pids: set[int], window: Window, seen: Seen
     await chat_answered("at the start")
     pid = health["pid"]
     os.kill(pid, signal.SIGSTOP)
-    # A failed probe or two, fewer than the restart threshold (5): then it runs on.
-    await until("a failed probe", lambda h: h["failed_probes"] >= 1)
+    # Two or more failed probes (unhealthy: chat 503s), fewer than the restart threshold (5):
+    # then it runs on.
+    await until("an unhealthy llama-server", lambda h: not h["healthy"])
     with contextlib.suppress(ProcessLookupError):  # replaced already if the probes ran ahead
         os.kill(pid, signal.SIGCONT)
     done.append("stall")

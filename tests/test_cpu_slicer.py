@@ -109,7 +109,7 @@ class Child:
 
     def __init__(self) -> None:
         self.proc = subprocess.Popen(["sleep", "300"])
-        self.healthy = True
+        self.answering = True
 
     @property
     def pid(self) -> int | None:
@@ -187,10 +187,10 @@ def test_never_stops_an_unhealthy_server_nor_continues_one_it_did_not_stop(
     def never_stopped() -> None:
         assert not process_stopped(child.pid), "stopped a server the supervisor counts unhealthy"
 
-    child.healthy = False  # starting, restarting or failing its probes
+    child.answering = False  # starting, restarting or failing its probes
     asyncio.run(turns(6, never_stopped))
 
-    child.healthy = True
+    child.answering = True
     os.kill(child.pid, signal.SIGSTOP)  # a stall from outside (the chaos tests make these)
     wait_for(lambda: process_stopped(child.pid), 10, "the child stops")
     asyncio.run(turns(6, lambda: None))

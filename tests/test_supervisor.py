@@ -58,13 +58,51 @@ def test_a_stall_makes_it_unhealthy_and_resuming_makes_it_healthy_again(tiny_mod
             pid = server.pid
             assert pid is not None and server.healthy
             os.kill(pid, signal.SIGSTOP)
-            await wait_until(lambda: not server.healthy, 10, "a failed probe")
+            await wait_until(lambda: not server.healthy, 10, "two failed probes")
             assert server.state == "unresponsive"
             os.kill(pid, signal.SIGCONT)
             await wait_until(lambda: server.healthy, 10, "a good probe after SIGCONT")
             # The same process, never restarted: a probe that succeeds is enough.
             assert server.pid == pid and server.restarts == 0 and server.state == "ready"
             assert server.unresponsive_kills == 0
+        finally:
+            await server.stop()
+
+    run(scenario)
+
+
+@pytest.mark.parametrize("misses", [1, 2])
+def test_one_missed_probe_keeps_it_healthy_and_two_in_a_row_do_not(
+    tiny_model: Path, misses: int
+) -> None:
+    """The first `misses` probes fail (injected in front of the real probe of a real child, the
+    way a /health call misses its timeout on a loaded machine); the probes after them are real."""
+
+    async def scenario() -> None:
+        # A real probe with room to answer on a busy machine: only the injected ones fail.
+        supervision = dataclasses.replace(FAST, probe_timeout=10, max_failed_probes=1000)
+        server = server_for(tiny_model, supervision)
+        await server.start()
+        try:
+            real_probe = server._probe
+            # What each probe found before it ran: healthy, answering, state, failed probes.
+            seen: list[tuple[bool, bool, str, int]] = []
+
+            async def probe() -> bool:
+                seen.append((server.healthy, server.answering, server.state, server.failed_probes))
+                return len(seen) > misses and await real_probe()
+
+            server._probe = probe  # type: ignore[method-assign]
+            await wait_until(lambda: len(seen) > misses + 1, 30, "the probes after the misses")
+            after_misses = seen[misses]
+            if misses == 1:
+                # Chat stays open; the CPU slicer gives the child no turns until a probe passes.
+                assert after_misses == (True, False, "ready", 1)
+            else:
+                assert after_misses == (False, False, "unresponsive", 2)
+            # A good probe after them: healthy again, the same process, the count reset.
+            assert seen[misses + 1] == (True, True, "ready", 0)
+            assert server.restarts == 0 and server.unresponsive_kills == 0
         finally:
             await server.stop()
 

@@ -25,8 +25,8 @@ from semif_proxy.keys import (
 def _status(app: web.Application) -> tuple[bool, dict[str, Any]]:
     """Ready means every path this server was started with can answer now: decisions when they
     are on (engine loaded and not refusing this model), chat when it is on (llama-server
-    answered its last probe). One path down is not ready: SageMaker then holds traffic back or
-    replaces the instance, instead of routing calls that would fail."""
+    answered one of its last two probes). One path down is not ready: SageMaker then holds
+    traffic back or replaces the instance, instead of routing calls that would fail."""
     settings = app[SETTINGS]
     parts: dict[str, Any] = {}
     ready = True
