@@ -164,14 +164,15 @@ def _side(tag: str) -> dict[str, str]:
             f"{g['completion_missing_some_letter']:.0%} of tasks"
         )
         out["`/completion` / decision latency p50"] = f"{g['completion_over_decision_p50']:.2f}x"
-    if r := load("order", tag):
-        d = r["by_path"]["decision"]
+    if order := load("order", tag):
+        d = order["by_path"]["decision"]
+        blind = order["first_listed_share_if_position_blind"]
         out["first-listed option chosen (position-blind)"] = (
-            f"{d['first_listed_share']:.0%} ({r['first_listed_share_if_position_blind']:.0%})"
+            f"{d['first_listed_share']:.0%} ({blind:.0%})"
         )
         out["accuracy one order -> `permutations: n`"] = (
-            f"{d['accuracy']:.0%} -> {r['permuted_accuracy']:.0%} "
-            f"({r['permuted_over_single_p50']:.2f}x latency)"
+            f"{d['accuracy']:.0%} -> {order['permuted_accuracy']:.0%} "
+            f"({order['permuted_over_single_p50']:.2f}x latency)"
         )
     if o := load("overhead", tag):
         out["HTTP overhead p50 (target <= 1.10)"] = f"{o['ratio_p50']:.3f}"
@@ -202,12 +203,7 @@ def _side(tag: str) -> dict[str, str]:
         )
     # What each number ran with: every results file since the defaults changed records its
     # server's CPU settings; older ones (1 thread per process) have none.
-    settings = set()
-    for suite in ("jevbench", "generation", "order", "overhead", "shared", "prefix", "floor"):
-        if (r := load(suite, tag)) is not None:
-            settings.add(_cpu(r.get("server_cpu")))
-    if c:
-        settings.add(_cpu(c.get("server_cpu")))
+    settings = {_cpu(r.get("server_cpu")) for r in (j, g, order, o, s, p, f, c) if r}
     if settings:
         out["CPU sharing, threads engine + llama-server"] = "; ".join(sorted(settings))
     return out
