@@ -1,6 +1,6 @@
 """`mixed`: how the engine and llama-server share the CPU, measured per design.
 
-For each design (SEMIF_CPU_SHARING=slice, gate, split) one server with otherwise default
+For each design (SEMIF_CPU_SHARING=slice, gate, dynamic, split) one server with otherwise default
 settings runs three phases: decisions alone (4 clients), streaming chat alone (2 clients), and
 both at once.
 Two single-path servers give the optimum each path can reach on this machine: decisions with
@@ -19,7 +19,7 @@ from typing import Any
 import aiohttp
 
 from bench.common import summary
-from semif_proxy.testing.server import ProxyProcess
+from semif_proxy.testing.server import ProxyProcess, wait_for
 
 DECISION_CLIENTS = 4
 CHAT_CLIENTS = 2
@@ -136,12 +136,24 @@ def serve(model: Path, env: dict[str, str | None]) -> ProxyProcess:
         "SEMIF_THREADS": None,
         "SM_LLAMA_CPP_PARALLEL": None,
     }
-    return ProxyProcess(model, {**base, **env}).start(timeout=300)
+    server = ProxyProcess(model, {**base, **env}).start(timeout=300)
+    # /ping is ready with the main llama-server; dynamic's second one may still be loading.
+    wait_for(
+        lambda: (
+            server.call("GET", "/health")
+            .json()
+            .get("llama_server_split", {"healthy": True})["healthy"]
+        ),
+        300,
+        "the split llama-server is healthy",
+    )
+    return server
 
 
 DESIGNS: dict[str, dict[str, str | None]] = {
     "slice": {"SEMIF_CPU_SHARING": "slice"},
     "gate": {"SEMIF_CPU_SHARING": "gate"},
+    "dynamic": {"SEMIF_CPU_SHARING": "dynamic"},
     "split": {"SEMIF_CPU_SHARING": "split"},
     "none": {"SEMIF_CPU_SHARING": "none"},
     # Both processes' OpenMP threads sleep at barriers instead of spinning.
@@ -149,7 +161,7 @@ DESIGNS: dict[str, dict[str, str | None]] = {
 }
 
 
-DEFAULT_DESIGNS = ("slice", "gate", "split")
+DEFAULT_DESIGNS = ("slice", "gate", "dynamic", "split")
 
 
 def run(model: Path, seconds: float = 30.0, designs: tuple[str, ...] = DEFAULT_DESIGNS) -> dict:
@@ -175,6 +187,8 @@ def run(model: Path, seconds: float = 30.0, designs: tuple[str, ...] = DEFAULT_D
                 "chat_alone": asyncio.run(phase(server.url, 0, CHAT_CLIENTS, seconds)),
                 "mixed": asyncio.run(phase(server.url, DECISION_CLIENTS, CHAT_CLIENTS, seconds)),
             }
+            # What the design did meanwhile (dynamic: how many chats went to the split server).
+            results["designs"][design]["cpu_after"] = server.call("GET", "/health").json()["cpu"]
         finally:
             server.stop()
     best_d = results["optimum_decisions"]["decision_seconds"]["p50"]

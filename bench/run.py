@@ -168,7 +168,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("suites", nargs="+", choices=(*SUITES, *OWN_SERVERS, "all"))
     parser.add_argument("--mixed-seconds", type=float, default=30.0, help="per mixed phase")
     parser.add_argument(
-        "--mixed-designs", default="slice,gate,split", help=f"of {','.join(mixed.DESIGNS)}"
+        "--mixed-designs",
+        default=",".join(mixed.DEFAULT_DESIGNS),
+        help=f"of {','.join(mixed.DESIGNS)}",
     )
     parser.add_argument("--model", type=Path, help="GGUF to serve (started here)")
     parser.add_argument("--endpoint", help="use a running server instead")

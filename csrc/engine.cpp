@@ -91,6 +91,8 @@ Engine::Engine(const EngineConfig& config) : config_(config) {
     llama_set_abort_callback(ctx_.get(), &Engine::abort_requested, this);
     n_ctx_ = static_cast<int32_t>(llama_n_ctx(ctx_.get()));
     n_batch_ = static_cast<int32_t>(llama_n_batch(ctx_.get()));
+    n_ubatch_ = static_cast<int32_t>(llama_n_ubatch(ctx_.get()));
+    threads_applied_ = n_threads_;
     n_seq_ = static_cast<int32_t>(llama_n_seq_max(ctx_.get()));
     cell_align_ = attention_cell_align();
 }
@@ -248,7 +250,17 @@ void Engine::check_abort() {
 
 void Engine::decode_or_throw(const Batch& batch, const char* what) {
     check_abort();
+    const int32_t wanted = threads_wanted_.load(std::memory_order_relaxed);
+    const int32_t threads = wanted > 0 ? wanted : n_threads_;
+    if (threads != threads_applied_) {
+        // On the job's own thread, between calls: the context reads it when the next graph
+        // is computed.
+        llama_set_n_threads(ctx_.get(), threads, threads);
+        threads_applied_ = threads;
+    }
+    threads_now_.store(threads, std::memory_order_release);
     const int32_t rc = llama_decode(ctx_.get(), batch.get());
+    threads_now_.store(0, std::memory_order_release);
     if (rc == 2) check_abort();  // llama_decode's code for "aborted by the callback"
     if (rc != 0) {
         // The memory may hold part of the batch now; forget everything rather than guess.
@@ -278,7 +290,10 @@ int32_t Engine::ensure_prefix(const std::vector<llama_token>& prefix, ScoreStats
     seq0_.clear();
     prefix_logits_.clear();
 
-    Batch batch(n_batch_, 1);
+    // One ubatch per llama_decode call: the calls are split exactly where llama_decode would
+    // split one big batch (a single sequence goes in order), and a thread-count change
+    // (set_threads) applies at the next ubatch instead of after the whole prefix.
+    Batch batch(std::min(n_batch_, n_ubatch_), 1);
     for (size_t i = 0; i < prefix.size(); ++i) {
         batch.add(prefix[i], static_cast<llama_pos>(i), 0, i + 1 == prefix.size());
         if (batch.full() || i + 1 == prefix.size()) {

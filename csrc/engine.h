@@ -170,6 +170,14 @@ public:
     bool parked() const { return parked_.load(std::memory_order_acquire); }
     uint64_t parks() const { return parks_.load(std::memory_order_relaxed); }
 
+    // Sharing the cores with a llama-server that runs at the same time (any thread): the
+    // thread count for the next llama_decode call (0: the configured n_threads). A prefix is
+    // evaluated one ubatch per call, so a change applies within one ubatch. Results do not
+    // depend on it (each output element is computed whole by one thread; tested).
+    void set_threads(int32_t n) { threads_wanted_.store(n, std::memory_order_relaxed); }
+    // The thread count of the llama_decode call in progress; 0 when none runs.
+    int32_t threads_now() const { return threads_now_.load(std::memory_order_acquire); }
+
 private:
     struct Branch {
         llama_seq_id seq;
@@ -209,6 +217,10 @@ private:
     std::atomic<bool> pause_{false};
     std::atomic<bool> parked_{false};
     std::atomic<uint64_t> parks_{0};
+    std::atomic<int32_t> threads_wanted_{0};
+    std::atomic<int32_t> threads_now_{0};
+    int32_t threads_applied_ = 0;  // what the context was last set to (job thread only)
+    int32_t n_ubatch_ = 0;
     std::mutex pause_mutex_;  // pause_cv_'s; apart from mutex_, which the job itself holds
     std::condition_variable pause_cv_;
     std::mutex mutex_;

@@ -278,7 +278,11 @@ PYBIND11_MODULE(_engine, m) {
         .def_property_readonly("parked", &Engine::parked,
                                "A job is parked by pause() right now.")
         .def_property_readonly("parks", &Engine::parks,
-                               "How many times a job has parked since the engine was made.");
+                               "How many times a job has parked since the engine was made.")
+        .def("set_threads", &Engine::set_threads, py::arg("n"),
+             "Threads for the next llama_decode call, 0 for the configured count (any thread).")
+        .def_property_readonly("threads_now", &Engine::threads_now,
+                               "Threads of the llama_decode call in progress; 0 when none.");
 
     py::module_::import("atexit").attr("register")(py::cpp_function([] {
         semif::uninstall_log_callback();

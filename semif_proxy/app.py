@@ -8,6 +8,7 @@ from aiohttp import web
 
 from semif_proxy import auth, lifecycle
 from semif_proxy.admission import Admission
+from semif_proxy.cpu_dynamic import CpuDynamicSplit
 from semif_proxy.cpu_gate import CpuGate
 from semif_proxy.cpu_slicer import CpuSlicer
 from semif_proxy.keys import (
@@ -35,11 +36,12 @@ def create_app(settings: Settings, on_fatal: Callable[[], None] | None = None) -
     app[SETTINGS] = settings
     app[THREADS] = settings.threads
     sharing = app[THREADS].sharing
-    app[GATE] = (
-        CpuSlicer(settings.cpu_slice_ms / 1000, settings.cpu_chat_share)
-        if sharing == "slice"
-        else CpuGate(enabled=sharing == "gate")
-    )
+    if sharing == "slice":
+        app[GATE] = CpuSlicer(settings.cpu_slice_ms / 1000, settings.cpu_chat_share)
+    elif sharing == "dynamic":
+        app[GATE] = CpuDynamicSplit(app[THREADS].engine_split)
+    else:
+        app[GATE] = CpuGate(enabled=sharing == "gate")
     app[METRICS] = Metrics()
     app[STARTUP] = Startup(on_fatal=on_fatal or (lambda: None))
     app[DECISION_ADMISSION] = Admission("decision", settings.max_in_flight, settings.max_queue)

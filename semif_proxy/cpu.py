@@ -53,12 +53,17 @@ def available_cores(root: Path = CGROUP) -> int:
 class ThreadPlan:
     """Who gets which cores. `slice`: the engine and llama-server both use every core and
     take turns while both have work (cpu_slicer.py); `gate`: both use every core and the
-    CPU gate runs one job at a time; `split`: the cores are divided between the two, both run
-    at once; `none`: both use every core, unguarded (GPU offload: the cores mostly wait)."""
+    CPU gate runs one job at a time; `dynamic`: alone, each uses every core; while both have
+    work, the cores are divided: the engine drops to `engine_split` threads and chat goes to a
+    second llama-server started with `llama_server_split` (cpu_dynamic.py); `split`: the cores
+    are divided between the two, both run at once; `none`: both use every core, unguarded (GPU
+    offload: the cores mostly wait)."""
 
     sharing: str
     engine: int
     llama_server: int | None  # None: the operator set llama-server's threads itself
+    engine_split: int = 0  # dynamic: the engine's threads while the split llama-server runs
+    llama_server_split: int = 0  # dynamic: the second llama-server's threads
 
 
 def plan_threads(
@@ -71,9 +76,14 @@ def plan_threads(
     cores: int | None = None,
 ) -> ThreadPlan:
     cores = cores or available_cores()
+    operator_threads = any(a in ("--threads", "-t") for a in llama_server_args)
     if sharing == "auto":
         both_on_cpu = chat and decisions and n_gpu_layers == 0
         sharing = "gate" if both_on_cpu else "none"
+    if sharing == "dynamic" and (cores < 2 or operator_threads or not (chat and decisions)):
+        # Nothing to divide (one core, or one path), or llama-server's threads are the
+        # operator's: one job at a time keeps each at full speed.
+        sharing = "gate"
     if n_threads:
         engine = n_threads
     elif sharing == "split" and chat:
@@ -81,10 +91,13 @@ def plan_threads(
     else:
         engine = cores
     server: int | None
-    if any(a in ("--threads", "-t") for a in llama_server_args):
+    if operator_threads:
         server = None
     elif sharing == "split" and decisions:
         server = max(1, cores - engine)
     else:
         server = cores
-    return ThreadPlan(sharing, engine, server)
+    if sharing != "dynamic":
+        return ThreadPlan(sharing, engine, server)
+    server_split = cores // 2
+    return ThreadPlan(sharing, engine, server, min(engine, cores - server_split), server_split)

@@ -333,6 +333,17 @@ class DecisionEngine:
     def resume(self) -> None:
         self.core.resume()
 
+    # -- a dynamic split of the CPU (cpu_dynamic.py) -----------------------------------------
+
+    def set_threads(self, n: int) -> None:
+        """Threads from the next ubatch on; 0: the count the engine was loaded with."""
+        self.core.set_threads(n)
+
+    @property
+    def threads_now(self) -> int:
+        """Threads of the ubatch in progress; 0 when none runs."""
+        return self.core.threads_now
+
     @property
     def job_running(self) -> bool:
         """A job is on the engine thread right now (queued ones are not counted)."""

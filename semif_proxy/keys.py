@@ -11,6 +11,7 @@ from aiohttp import web
 
 from semif_proxy.admission import Admission
 from semif_proxy.cpu import ThreadPlan
+from semif_proxy.cpu_dynamic import CpuDynamicSplit
 from semif_proxy.cpu_gate import CpuGate
 from semif_proxy.cpu_slicer import CpuSlicer
 from semif_proxy.metrics import Metrics
@@ -40,10 +41,13 @@ SETTINGS = web.AppKey("settings", Settings)
 METRICS = web.AppKey("metrics", Metrics)
 ENGINE = web.AppKey("engine", EngineSlot)
 LLAMA = web.AppKey("llama_server", "LlamaServer | None")
+# SEMIF_CPU_SHARING=dynamic's second llama-server (half the threads), else None.
+LLAMA_SPLIT = web.AppKey("llama_server_split", "LlamaServer | None")
 UPSTREAM = web.AppKey("upstream_session", aiohttp.ClientSession)
 DECISION_ADMISSION = web.AppKey("decision_admission", Admission)
 CHAT_ADMISSION = web.AppKey("chat_admission", Admission)
 STARTUP = web.AppKey("startup", Startup)
 THREADS = web.AppKey("threads", ThreadPlan)
-# The CPU gate or, with SEMIF_CPU_SHARING=slice, the slicer (same interface).
-GATE = web.AppKey("cpu_gate", CpuGate | CpuSlicer)
+# The CPU gate or, with SEMIF_CPU_SHARING=slice, the slicer, or with dynamic, the dynamic
+# split (same interface).
+GATE = web.AppKey("cpu_gate", CpuGate | CpuSlicer | CpuDynamicSplit)

@@ -14,9 +14,20 @@ import aiohttp
 from aiohttp import web
 
 from semif_proxy import native
+from semif_proxy.cpu_dynamic import CpuDynamicSplit
 from semif_proxy.cpu_slicer import CpuSlicer
 from semif_proxy.engine import DecisionEngine
-from semif_proxy.keys import ENGINE, GATE, LLAMA, SETTINGS, STARTUP, THREADS, UPSTREAM, EngineSlot
+from semif_proxy.keys import (
+    ENGINE,
+    GATE,
+    LLAMA,
+    LLAMA_SPLIT,
+    SETTINGS,
+    STARTUP,
+    THREADS,
+    UPSTREAM,
+    EngineSlot,
+)
 from semif_proxy.llama_args import with_defaults
 from semif_proxy.llama_server import LlamaServer, LlamaServerError, Supervision
 
@@ -37,7 +48,7 @@ async def _load_engine(app: web.Application) -> None:
         _fatal(app, "the decision engine", exc)
         return
     app[ENGINE].engine = engine
-    if isinstance(app[GATE], CpuSlicer):
+    if isinstance(app[GATE], CpuSlicer | CpuDynamicSplit):
         app[GATE].attach(engine=engine)
     log.info("decision engine ready", extra={"event": "engine_ready", **engine.model_info})
 
@@ -54,40 +65,55 @@ async def engine_ctx(app: web.Application) -> AsyncIterator[None]:
         await asyncio.get_running_loop().run_in_executor(None, engine.close)
 
 
-async def _start_llama(app: web.Application, server: LlamaServer) -> None:
+async def _start_llama(app: web.Application, server: LlamaServer, what: str) -> None:
     try:
         await server.start()
     except Exception as exc:
-        _fatal(app, "llama-server", exc)
+        _fatal(app, what, exc)
 
 
 async def llama_ctx(app: web.Application) -> AsyncIterator[None]:
     settings = app[SETTINGS]
+    plan = app[THREADS]
     app[LLAMA] = None
-    server = None
-    task = None
+    app[LLAMA_SPLIT] = None
+    servers: list[LlamaServer] = []
+    tasks: list[asyncio.Task[None]] = []
     if settings.chat:
         binary = native.llama_server_path(settings.llama_server_binary)
         if binary is None:
             raise LlamaServerError("no llama-server binary (bundled, $SEMIF_LLAMA_SERVER or PATH)")
-        args = with_defaults(settings.llama_server_args, app[THREADS].llama_server)
         supervision = Supervision(
             start_timeout=settings.llama_server_start_timeout,
             probe_interval=settings.health_interval,
             probe_timeout=settings.health_timeout,
             max_failed_probes=settings.max_failed_probes,
         )
+        args = with_defaults(settings.llama_server_args, plan.llama_server)
         server = LlamaServer(binary, settings.model_path, settings.upstream_port, args, supervision)
         app[LLAMA] = server  # state "stopped"/"starting": /ping says 503 until it is healthy
-        if isinstance(app[GATE], CpuSlicer):
-            app[GATE].attach(server=server)
-        task = asyncio.create_task(_start_llama(app, server))
+        servers.append(server)
+        gate = app[GATE]
+        if isinstance(gate, CpuSlicer):
+            gate.attach(server=server)
+        if isinstance(gate, CpuDynamicSplit):
+            # The same model file: the weights are mmap'ed once; each has its own KV cache.
+            split_args = with_defaults(settings.llama_server_args, plan.llama_server_split)
+            split = LlamaServer(
+                binary, settings.model_path, settings.split_upstream_port, split_args, supervision
+            )
+            app[LLAMA_SPLIT] = split
+            servers.append(split)
+            gate.attach(server=server, split=split)
+        names = ["llama-server", "the split llama-server (SEMIF_CPU_SHARING=dynamic)"]
+        tasks = [asyncio.create_task(_start_llama(app, s, n)) for s, n in zip(servers, names)]
     yield
-    if task is not None and not task.done():
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
-    if server is not None:
+    for task in tasks:
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+    for server in servers:
         await server.stop()
 
 

@@ -69,8 +69,10 @@ class Settings(BaseModel):
     n_threads: int = Field(0, ge=0, le=1024)  # 0: as cpu_sharing says (semif_proxy/cpu.py)
     # How the engine and llama-server share the CPU: slice (both get every core and take
     # turns of cpu_slice_ms while both have work), gate (both get every core, one job at a
-    # time), split (cores divided, both at once), none; auto: gate on the CPU, none with GPU.
-    cpu_sharing: Literal["auto", "slice", "gate", "split", "none"] = "auto"
+    # time), dynamic (every core to whichever runs alone, divided while both run: a second
+    # llama-server with half the threads takes chat then), split (cores divided, both at
+    # once), none; auto: gate on the CPU, none with GPU.
+    cpu_sharing: Literal["auto", "slice", "gate", "dynamic", "split", "none"] = "auto"
     cpu_slice_ms: int = Field(400, ge=10, le=2000)  # one round: a turn each
     cpu_chat_share: float = Field(0.5, ge=0.1, le=0.9)  # llama-server's part of a round
     n_gpu_layers: int = Field(0, ge=-1)
@@ -145,6 +147,11 @@ class Settings(BaseModel):
             self.decisions,
             self.llama_server_args,
         )
+
+    @property
+    def split_upstream_port(self) -> int:
+        """The loopback port of the second llama-server that SEMIF_CPU_SHARING=dynamic starts."""
+        return self.upstream_port + 1
 
     @property
     def prompt_token_limit(self) -> int:
@@ -321,9 +328,12 @@ def _safe_upstream_port(env: Mapping[str, str], public: Any) -> int | None:
         ) from None
     if not sep or not 1 <= lo <= hi <= 65535:
         raise SettingsError(f"SAGEMAKER_SAFE_PORT_RANGE: expected LOW-HIGH, got {text!r}")
-    for port in range(lo, hi + 1):
-        if str(port) != str(public):
+    free = [port for port in range(lo, hi + 1) if str(port) != str(public)]
+    for port in free:
+        if port + 1 in free:  # SEMIF_CPU_SHARING=dynamic's second llama-server takes the next
             return port
+    if free:
+        return free[0]
     raise SettingsError(f"SAGEMAKER_SAFE_PORT_RANGE: {text!r} leaves no port beside {public}")
 
 
@@ -349,7 +359,22 @@ def load_settings(env: Mapping[str, str] | None = None, **overrides: Any) -> Set
         raise SettingsError(f"{var}: {first['msg']} (got {first.get('input')!r})") from None
     _check_prior_prompts(settings, sources.get("position_prior", "SEMIF_CALIBRATION"))
     _check_slice_turns(settings)
+    _check_split_port(settings, sources.get("upstream_port", "LLAMA_CPP_UPSTREAM_PORT"))
     return _complete(env, settings)
+
+
+def _check_split_port(settings: Settings, var: str) -> None:
+    """SEMIF_CPU_SHARING=dynamic runs a second llama-server on the next port up."""
+    if settings.threads.sharing != "dynamic":
+        return
+    port = settings.split_upstream_port
+    if port > 65535 or port == settings.port:
+        raise SettingsError(
+            f"{var}: SEMIF_CPU_SHARING=dynamic starts a second llama-server on port "
+            f"{settings.upstream_port} + 1 = {port}, which is "
+            + ("no port" if port > 65535 else "the proxy's own port")
+            + "; choose another upstream port"
+        )
 
 
 def _check_slice_turns(settings: Settings) -> None:

@@ -25,6 +25,21 @@ from semif_proxy.testing.server import ProxyProcess, wait_for
 LONG_STATE = "The parcel was marked delivered but never reached the customer's door. " * 60
 
 
+def long_decision(name: str) -> dict:
+    """A decision on LONG_STATE (two ubatches), for runs beside a chat."""
+    return {
+        "decision": {
+            "id": name,
+            "state": LONG_STATE,
+            "question": "Which team handles it?",
+            "options": [
+                {"id": "shipping", "description": "Delivery and lost parcels"},
+                {"id": "billing", "description": "Payments and refunds"},
+            ],
+        }
+    }
+
+
 def letter_ids(engine: native.Engine) -> list[int]:
     return [engine.tokenize(c, parse_special=False)[0] for c in "ABCD"]
 
@@ -259,17 +274,7 @@ def test_a_decision_and_a_chat_at_once_take_turns_and_agree_with_quiet_runs(
         health = server.call("GET", "/health").json()
         assert health["cpu"]["sharing"] == "slice"
         pid = llama_pid(server)
-        decision = {
-            "decision": {
-                "id": "slice",
-                "state": LONG_STATE,
-                "question": "Which team handles it?",
-                "options": [
-                    {"id": "shipping", "description": "Delivery and lost parcels"},
-                    {"id": "billing", "description": "Payments and refunds"},
-                ],
-            }
-        }
+        decision = long_decision("slice")
         chat = {
             "messages": [{"role": "user", "content": "Tell a long story about a lighthouse."}],
             "max_tokens": 160,

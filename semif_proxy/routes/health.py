@@ -8,6 +8,7 @@ from typing import Any
 from aiohttp import web
 
 from semif_proxy import __version__, native
+from semif_proxy.cpu_dynamic import CpuDynamicSplit
 from semif_proxy.cpu_slicer import CpuSlicer
 from semif_proxy.keys import (
     CHAT_ADMISSION,
@@ -15,11 +16,24 @@ from semif_proxy.keys import (
     ENGINE,
     GATE,
     LLAMA,
+    LLAMA_SPLIT,
     METRICS,
     SETTINGS,
     STARTUP,
     THREADS,
 )
+from semif_proxy.llama_server import LlamaServer
+
+
+def _server_status(server: LlamaServer | None) -> dict[str, Any]:
+    return {
+        "state": server.state if server else "not started",
+        "pid": server.pid if server else None,
+        "restarts": server.restarts if server else 0,
+        "unresponsive_kills": server.unresponsive_kills if server else 0,
+        "failed_probes": server.failed_probes if server else 0,
+        "healthy": server is not None and server.healthy,
+    }
 
 
 def _status(app: web.Application) -> tuple[bool, dict[str, Any]]:
@@ -45,14 +59,11 @@ def _status(app: web.Application) -> tuple[bool, dict[str, Any]]:
         # The supervisor probes llama-server in the background; /ping reads its verdict and so
         # answers at once even while llama-server is stalled.
         ok = server is not None and server.healthy
-        parts["llama_server"] = {
-            "state": server.state if server else "not started",
-            "pid": server.pid if server else None,
-            "restarts": server.restarts if server else 0,
-            "unresponsive_kills": server.unresponsive_kills if server else 0,
-            "failed_probes": server.failed_probes if server else 0,
-            "healthy": ok,
-        }
+        parts["llama_server"] = _server_status(server)
+        split = app.get(LLAMA_SPLIT)
+        if split is not None:
+            # Not part of readiness: while it is down, chat goes to the main one (cpu_dynamic).
+            parts["llama_server_split"] = _server_status(split)
         ready = ready and ok
     if app[STARTUP].errors:
         parts["startup_errors"] = list(app[STARTUP].errors)
@@ -88,6 +99,14 @@ async def health(request: web.Request) -> web.Response:
         "slice_fallback": isinstance(app[GATE], CpuSlicer) and app[GATE].fallback is not None,
         "engine_parks": engine.parks if engine is not None else None,
     }
+    gate = app[GATE]
+    if isinstance(gate, CpuDynamicSplit):
+        body["cpu"].update(
+            engine_split_threads=plan.engine_split,
+            llama_server_split_threads=plan.llama_server_split,
+            split_calls=gate.split_calls,
+            split_waits=gate.split_waits,
+        )
     if engine is not None:
         body["model"] = engine.model_info
         body["prefix_cache"] = {

@@ -15,6 +15,7 @@ from semif_proxy.auth import normalise_path, split_target
 from semif_proxy.bodies import parse_json, read_limited
 from semif_proxy.errors import NotFound, Unavailable, UpstreamError
 from semif_proxy.keys import CHAT_ADMISSION, GATE, LLAMA, SETTINGS, UPSTREAM
+from semif_proxy.llama_server import LlamaServer
 from semif_proxy.middleware import REQUEST_ID, deadline_passed, remaining
 from semif_proxy.settings import Settings
 
@@ -63,8 +64,9 @@ def _forward_headers(headers: aiohttp.typedefs.LooseHeaders) -> dict[str, str]:
     return {k: v for k, v in headers.items() if k.lower() not in HOP_BY_HOP}  # type: ignore[union-attr]
 
 
-def _upstream_url(request: web.Request, path: str | None = None) -> str:
-    server = request.app[LLAMA]
+def _upstream_url(request: web.Request, path: str | None, server: LlamaServer | None) -> str:
+    # The CPU plan may name the llama-server to use (SEMIF_CPU_SHARING=dynamic); else the one.
+    server = server or request.app[LLAMA]
     assert server is not None
     return server.base_url + (path or request.rel_url.path_qs)
 
@@ -97,12 +99,14 @@ async def forward(request: web.Request, body: bytes, path: str | None = None) ->
     require_upstream(request)
     target = (path or request.rel_url.path).split("?", 1)[0]
     if request.method == "POST" and target in COMPUTE_PATHS:
-        async with request.app[GATE].shared(remaining(request)):
-            return await _relay(request, body, path)
+        async with request.app[GATE].shared(remaining(request)) as server:
+            return await _relay(request, body, path, server)
     return await _relay(request, body, path)
 
 
-async def _relay(request: web.Request, body: bytes, path: str | None) -> web.StreamResponse:
+async def _relay(
+    request: web.Request, body: bytes, path: str | None, server: LlamaServer | None = None
+) -> web.StreamResponse:
     session = request.app[UPSTREAM]
     headers = _forward_headers(request.headers)
     # Until the answer starts, the request's own deadline applies (a non-streamed completion
@@ -111,7 +115,7 @@ async def _relay(request: web.Request, body: bytes, path: str | None) -> web.Str
     try:
         upstream = await session.request(
             request.method,
-            _upstream_url(request, path),
+            _upstream_url(request, path, server),
             data=body or None,
             headers=headers,
             timeout=timeout,

@@ -24,6 +24,22 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def free_port_pair(avoid: int = 0) -> int:
+    """A free port whose next one up is free too (SEMIF_CPU_SHARING=dynamic's second
+    llama-server takes it)."""
+    for _ in range(100):
+        port = free_port()
+        if port >= 65535 or avoid in (port, port + 1):
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port + 1))
+            except OSError:
+                continue
+        return port
+    raise RuntimeError("no two free ports in a row on 127.0.0.1")
+
+
 def wait_for(check: Callable[[], bool], timeout: float, what: str) -> float:
     """Poll check() until it holds; seconds it took. Fails (AssertionError) after timeout: wait
     on the event itself with a generous deadline rather than sleep for a guessed time."""
@@ -52,7 +68,7 @@ class ProxyProcess:
         log_path: Path | None = None,
     ) -> None:
         self.port = free_port()
-        self.upstream_port = free_port()
+        self.upstream_port = free_port_pair(avoid=self.port)
         self.model = model
         self.env = {
             **os.environ,
