@@ -250,7 +250,11 @@ void Engine::check_abort() {
 
 void Engine::decode_or_throw(const Batch& batch, const char* what) {
     check_abort();
-    const int32_t wanted = threads_wanted_.load(std::memory_order_relaxed);
+    // Published as "every core" before the wanted count is read (both seq_cst, as in
+    // set_threads): a caller that lowers the count and then reads threads_now either sees
+    // this call at its full count or has its lower count applied to it; never a 0 in between.
+    threads_now_.store(std::max(n_threads_, threads_applied_), std::memory_order_seq_cst);
+    const int32_t wanted = threads_wanted_.load(std::memory_order_seq_cst);
     const int32_t threads = wanted > 0 ? wanted : n_threads_;
     if (threads != threads_applied_) {
         // On the job's own thread, between calls: the context reads it when the next graph

@@ -76,13 +76,19 @@ def plan_threads(
     cores: int | None = None,
 ) -> ThreadPlan:
     cores = cores or available_cores()
-    operator_threads = any(a in ("--threads", "-t") for a in llama_server_args)
+    flags = {a.split("=", 1)[0] for a in llama_server_args}
+    operator_threads = bool(flags & {"--threads", "-t"})
+    # A batch thread count of the operator's would run the split server's prompts on them all.
+    operator_any = operator_threads or bool(flags & {"--threads-batch", "-tb"})
     if sharing == "auto":
         both_on_cpu = chat and decisions and n_gpu_layers == 0
         sharing = "gate" if both_on_cpu else "none"
-    if sharing == "dynamic" and (cores < 2 or operator_threads or not (chat and decisions)):
-        # Nothing to divide (one core, or one path), or llama-server's threads are the
-        # operator's: one job at a time keeps each at full speed.
+    if sharing == "dynamic" and (
+        cores < 2 or operator_any or not (chat and decisions) or n_gpu_layers != 0
+    ):
+        # Nothing to divide (one core, one path), llama-server's threads are the operator's,
+        # or the model is on a GPU (a second server would hold a second copy there): one job
+        # at a time keeps each at full speed.
         sharing = "gate"
     if n_threads:
         engine = n_threads

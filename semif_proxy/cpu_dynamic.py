@@ -17,11 +17,12 @@ work of one (1.65x measured here), so two jobs side by side on half the cores ea
 done together than one job at a time on all of them.
 
 The moves between states wait for what runs to leave the cores it needs: a decision waits for
-the chats on the main llama-server to end (as at the gate), a chat sent to the split one waits
-for those too, and for the engine's ubatch in progress if that runs on every core. A chat goes
-to the split llama-server while decisions are in flight or the split one still has chats;
-otherwise to the main one. While the split llama-server is not answering (starting, restarting,
-stalled) chat goes to the main one through the gate.
+the chats on the main llama-server to end (as at the gate); a chat sent to the split one waits
+for those too, and for the engine's llama_decode call in progress if that runs on every core
+(one ubatch, for a prefix). A chat goes to the split llama-server while decisions are in
+flight or the split one still has chats; otherwise to the main one. While the split
+llama-server is not healthy (starting, restarting, stalled: two probes missed) chat goes to
+the main one through the gate, once no chat is left on the split one.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ class Threaded(Protocol):
 
 class Upstream(Protocol):
     @property
-    def answering(self) -> bool: ...
+    def healthy(self) -> bool: ...
 
 
 class CpuDynamicSplit:
@@ -116,12 +117,13 @@ class CpuDynamicSplit:
 
     def _to_split(self) -> bool:
         split = self._split
-        return (
-            split is not None
-            and split.answering
-            and self._engine is not None
-            and (self.decisions > 0 or self.split_chats > 0)
-        )
+        if split is None or self._engine is None:
+            return False
+        if self.split_chats > 0:
+            # Never the main one (every core) beside chats still on the split one.
+            return True
+        # Healthy, not `answering`: one missed probe of a busy server is not a stall.
+        return split.healthy and self.decisions > 0
 
     def _set_engine_threads(self) -> None:
         if self._engine is not None:

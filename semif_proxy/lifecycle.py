@@ -65,11 +65,18 @@ async def engine_ctx(app: web.Application) -> AsyncIterator[None]:
         await asyncio.get_running_loop().run_in_executor(None, engine.close)
 
 
-async def _start_llama(app: web.Application, server: LlamaServer, what: str) -> None:
+async def _start_llama(app: web.Application, server: LlamaServer, what: str | None) -> None:
+    """what: None for the split llama-server, which is not fatal: chat goes to the main one."""
     try:
         await server.start()
     except Exception as exc:
-        _fatal(app, what, exc)
+        if what is not None:
+            _fatal(app, what, exc)
+            return
+        log.error(
+            "the split llama-server failed to start; chat uses the main one through the gate",
+            extra={"event": "llama_server_split_failed", "error": str(exc)},
+        )
 
 
 async def llama_ctx(app: web.Application) -> AsyncIterator[None]:
@@ -105,7 +112,7 @@ async def llama_ctx(app: web.Application) -> AsyncIterator[None]:
             app[LLAMA_SPLIT] = split
             servers.append(split)
             gate.attach(server=server, split=split)
-        names = ["llama-server", "the split llama-server (SEMIF_CPU_SHARING=dynamic)"]
+        names = ["llama-server", None]
         tasks = [asyncio.create_task(_start_llama(app, s, n)) for s, n in zip(servers, names)]
     yield
     for task in tasks:
