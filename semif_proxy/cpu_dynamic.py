@@ -33,8 +33,7 @@ import time
 from collections.abc import AsyncIterator
 from typing import Protocol
 
-from semif_proxy.cpu_gate import CpuGate
-from semif_proxy.errors import Timeout
+from semif_proxy.cpu_gate import CpuGate, no_turn
 
 
 class Threaded(Protocol):
@@ -146,11 +145,7 @@ class CpuDynamicSplit:
         try:
             while not self._free():
                 if deadline is not None and time.monotonic() >= deadline:
-                    raise Timeout(
-                        f"waited {timeout:g}s for the CPU without a turn "
-                        "(SEMIF_REQUEST_TIMEOUT; SageMaker cuts real-time invocations at 60 s)",
-                        limit=timeout,
-                    )
+                    raise no_turn(timeout)
                 await asyncio.sleep(self.poll_s)
         finally:
             self._split_waiting -= 1

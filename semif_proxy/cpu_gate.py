@@ -20,6 +20,15 @@ from collections.abc import AsyncIterator
 from semif_proxy.errors import Timeout
 
 
+def no_turn(timeout: float | None) -> Timeout:
+    """The error of a call that waited its whole deadline for the CPU."""
+    return Timeout(
+        f"waited {timeout:g}s for the CPU without a turn "
+        "(SEMIF_REQUEST_TIMEOUT; SageMaker cuts real-time invocations at 60 s)",
+        limit=timeout,
+    )
+
+
 class CpuGate:
     def __init__(self, enabled: bool = True) -> None:
         self.enabled = enabled
@@ -87,11 +96,7 @@ class CpuGate:
                 fut.cancel()
                 self._wake()  # a waiter behind this one may be free to go now
             if isinstance(exc, asyncio.TimeoutError):
-                raise Timeout(
-                    f"waited {timeout:g}s for the CPU without a turn "
-                    "(SEMIF_REQUEST_TIMEOUT; SageMaker cuts real-time invocations at 60 s)",
-                    limit=timeout,
-                ) from None
+                raise no_turn(timeout) from None
             raise
 
     def _release(self, exclusive: bool) -> None:

@@ -65,13 +65,13 @@ async def engine_ctx(app: web.Application) -> AsyncIterator[None]:
         await asyncio.get_running_loop().run_in_executor(None, engine.close)
 
 
-async def _start_llama(app: web.Application, server: LlamaServer, what: str | None) -> None:
-    """what: None for the split llama-server, which is not fatal: chat goes to the main one."""
+async def _start_llama(app: web.Application, server: LlamaServer, split: bool) -> None:
+    """The split llama-server's failure is not fatal: chat goes to the main one."""
     try:
         await server.start()
     except Exception as exc:
-        if what is not None:
-            _fatal(app, what, exc)
+        if not split:
+            _fatal(app, "llama-server", exc)
             return
         log.error(
             "the split llama-server failed to start; chat uses the main one through the gate",
@@ -112,8 +112,7 @@ async def llama_ctx(app: web.Application) -> AsyncIterator[None]:
             app[LLAMA_SPLIT] = split
             servers.append(split)
             gate.attach(server=server, split=split)
-        names = ["llama-server", None]
-        tasks = [asyncio.create_task(_start_llama(app, s, n)) for s, n in zip(servers, names)]
+        tasks = [asyncio.create_task(_start_llama(app, s, s is not server)) for s in servers]
     yield
     for task in tasks:
         if not task.done():
