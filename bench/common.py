@@ -76,13 +76,16 @@ def summary(values: list[float]) -> dict[str, float]:
 
 
 def memory_kb(pid: int) -> dict[str, int]:
-    """RSS, PSS and peak RSS (kB). PSS splits the mmap'ed GGUF pages between the processes
-    that share them, so proxy + llama-server PSS adds up to what the machine really holds."""
-    out: dict[str, int] = {}
+    """RSS, PSS, private and peak RSS (kB). PSS splits the mmap'ed GGUF pages between the
+    processes that share them, so proxy + llama-server PSS adds up to what the machine really
+    holds; private is what this process alone holds (its KV cache, buffers, heap)."""
+    out: dict[str, int] = {"private": 0}
     for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
         key, _, rest = line.partition(":")
         if key in ("Rss", "Pss"):
             out[key.lower()] = int(rest.split()[0])
+        elif key in ("Private_Clean", "Private_Dirty"):
+            out["private"] += int(rest.split()[0])
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmHWM:"):
             out["peak_rss"] = int(line.split()[1])

@@ -74,8 +74,19 @@ def headline(name: str, r: dict[str, Any]) -> str:
     if name == "prior":
         return prior.headline(r)
     if name == "startup":
-        took = r["seconds_to_ping_200"]
-        return f"process start to /ping 200: median {took['median']:.1f} s of {len(took['all'])}"
+        parts = []
+        for design, d in r["designs"].items():
+            took, mem = d["seconds_to_ping_200"], d["memory_kb"]
+            pss = sum(m["pss"] for m in mem.values()) / 1024
+            part = (
+                f"{design} ({d['sharing']}): /ping 200 after {took['median']:.1f} s median of "
+                f"{len(took['all'])}, PSS {pss:.0f} MiB in all"
+            )
+            if "llama_server_split" in mem:
+                own = mem["llama_server_split"]["private"] / 1024
+                part += f", the second llama-server {own:.0f} MiB of its own"
+            parts.append(part)
+        return "; ".join(parts)
     if name == "floor":
         return (
             "; ".join(

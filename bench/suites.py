@@ -507,8 +507,9 @@ def scaling(
         progress(len(by_clients), len(clients), "clients")
     memory = {"proxy": memory_kb(server.proc.pid)}  # type: ignore[union-attr]
     health = get_json(server.url + "/health")
-    if health.get("llama_server", {}).get("pid"):
-        memory["llama_server"] = memory_kb(health["llama_server"]["pid"])
+    for key in ("llama_server", "llama_server_split"):  # the second one: CPU sharing dynamic
+        if health.get(key, {}).get("pid"):
+            memory[key] = memory_kb(health[key]["pid"])
     return {
         "by_state_length": by_length,
         "by_options": by_options,

@@ -325,7 +325,10 @@ void Engine::decode_branches(const std::vector<Branch>& branches, size_t prefix_
                              const LogitsSink& sink, ScoreStats& stats) {
     auto start = Clock::now();
     llama_memory_t mem = llama_get_memory(ctx_.get());
-    Batch batch(n_batch_, 1);
+    // One ubatch per call, as for the prefix: the KV cache is unified, so llama_decode would
+    // split a bigger batch in order into these same ubatches (same cells, same numbers), and
+    // a thread-count change applies at the next ubatch.
+    Batch batch(std::min(n_batch_, n_ubatch_), 1);
     struct Want { size_t branch; size_t token; int32_t index; };
     std::vector<Want> wants;
 
@@ -591,7 +594,7 @@ TreeResult Engine::score_tree(const std::vector<llama_token>& prefix,
     auto start = Clock::now();
     const size_t per_group = static_cast<size_t>(std::max(1, n_seq_ - 1));
     std::vector<bool> done(n, false);
-    Batch batch(n_batch_, n_seq_);
+    Batch batch(std::min(n_batch_, n_ubatch_), n_seq_);  // one ubatch per call (see above)
     for (size_t first = 0; first < leaves.size(); first += per_group) {
         const size_t last = std::min(leaves.size(), first + per_group);
         std::vector<std::vector<llama_seq_id>> seqs(n);

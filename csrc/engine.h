@@ -171,10 +171,10 @@ public:
     uint64_t parks() const { return parks_.load(std::memory_order_relaxed); }
 
     // Sharing the cores with a llama-server that runs at the same time (any thread): the
-    // thread count for the next llama_decode call (0: the configured n_threads). A prefix is
-    // evaluated one ubatch per call, so there a change applies within one ubatch (option
-    // suffixes go in calls of up to n_batch tokens). Results do not
-    // depend on it (each output element is computed whole by one thread; tested).
+    // thread count for the next llama_decode call (0: the configured n_threads). Every
+    // llama_decode call holds one ubatch (prefix, option suffixes, labels), so a change
+    // applies within one ubatch. Results do not depend on it (each output element is
+    // computed whole by one thread; tested).
     void set_threads(int32_t n) { threads_wanted_.store(n, std::memory_order_seq_cst); }
     // The thread count of the llama_decode call in progress; 0 when none runs.
     int32_t threads_now() const { return threads_now_.load(std::memory_order_seq_cst); }

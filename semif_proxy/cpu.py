@@ -49,6 +49,73 @@ def available_cores(root: Path = CGROUP) -> int:
     return max(1, cores)
 
 
+def _meminfo_available(meminfo: Path) -> int | None:
+    try:
+        for line in meminfo.read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def _cgroup_room(root: Path) -> int | None:
+    """What the cgroup's memory limit still allows (v2, then v1); None without a limit. Its
+    usage counts page cache too; the inactive file pages (a GGUF read before) are reclaimable,
+    so they are left out, as the kernel's MemAvailable leaves them out."""
+    for limit_file, usage_file, inactive_key in (
+        ("memory.max", "memory.current", "inactive_file"),
+        ("memory/memory.limit_in_bytes", "memory/memory.usage_in_bytes", "total_inactive_file"),
+    ):
+        try:
+            limit = (root / limit_file).read_text().strip()
+            usage = int((root / usage_file).read_text().strip())
+            if limit == "max" or int(limit) >= 1 << 60:  # v1 writes "no limit" as ~2^63
+                return None
+            stat = (root / limit_file).with_name("memory.stat")
+            inactive = 0
+            if stat.exists():
+                for line in stat.read_text().splitlines():
+                    key, _, value = line.partition(" ")
+                    if key == inactive_key:
+                        inactive = int(value)
+            return max(0, int(limit) - (usage - inactive))
+        except (OSError, ValueError):
+            continue
+    return None
+
+
+def memory_room(root: Path = CGROUP, meminfo: Path = Path("/proc/meminfo")) -> int | None:
+    """Bytes this process tree may still take: the kernel's MemAvailable, capped by what a
+    cgroup memory limit (a container's --memory) leaves. None when neither can be read."""
+    known = [v for v in (_meminfo_available(meminfo), _cgroup_room(root)) if v is not None]
+    return min(known) if known else None
+
+
+def private_bytes(pid: int) -> int | None:
+    """What a process holds of its own (not shared file pages): Private_Clean + _Dirty."""
+    try:
+        text = Path(f"/proc/{pid}/smaps_rollup").read_text()
+    except OSError:
+        return None
+    total = 0
+    for line in text.splitlines():
+        key, _, rest = line.partition(":")
+        if key in ("Private_Clean", "Private_Dirty"):
+            total += int(rest.split()[0]) * 1024
+    return total
+
+
+def second_server_fits(room: int | None, first_private: int | None) -> bool:
+    """A second llama-server holds what the first holds of its own: its KV cache and its copy
+    of the weights that ggml's CPU backend repacks into faster layouts (anonymous memory, not
+    the shared file pages; measured 763 MiB for a 1,066 MiB Q4_K_M file). Started only where
+    that and half again as a margin fit."""
+    if room is None or first_private is None:
+        return True
+    return room >= first_private * 3 // 2
+
+
 @dataclass(frozen=True)
 class ThreadPlan:
     """Who gets which cores. `slice`: the engine and llama-server both use every core and
@@ -64,6 +131,7 @@ class ThreadPlan:
     llama_server: int | None  # None: the operator set llama-server's threads itself
     engine_split: int = 0  # dynamic: the engine's threads while the split llama-server runs
     llama_server_split: int = 0  # dynamic: the second llama-server's threads
+    why: str = ""  # why `dynamic` became the gate (logged at start, in /health)
 
 
 def plan_threads(
@@ -74,6 +142,7 @@ def plan_threads(
     decisions: bool,
     llama_server_args: tuple[str, ...],
     cores: int | None = None,
+    second_server: bool = True,
 ) -> ThreadPlan:
     cores = cores or available_cores()
     flags = {a.split("=", 1)[0] for a in llama_server_args}
@@ -81,15 +150,25 @@ def plan_threads(
     # A batch thread count of the operator's would run the split server's prompts on them all.
     operator_any = operator_threads or bool(flags & {"--threads-batch", "-tb"})
     if sharing == "auto":
+        # Measured (bench mixed, README): alone, each path as fast as the gate; under mixed
+        # load more of both done than with a static split. Falls back to the gate below.
         both_on_cpu = chat and decisions and n_gpu_layers == 0
-        sharing = "gate" if both_on_cpu else "none"
-    if sharing == "dynamic" and (
-        cores < 2 or operator_any or not (chat and decisions) or n_gpu_layers != 0
-    ):
+        sharing = "dynamic" if both_on_cpu else "none"
+    why = ""
+    if sharing == "dynamic":
         # Nothing to divide (one core, one path), llama-server's threads are the operator's,
-        # or the model is on a GPU (a second server would hold a second copy there): one job
-        # at a time keeps each at full speed.
-        sharing = "gate"
+        # the model is on a GPU (a second server would hold a second copy there), or no port
+        # is left for a second server: one job at a time keeps each at full speed.
+        reasons = (
+            (cores < 2, f"{cores} core"),
+            (not (chat and decisions), "one path is off"),
+            (operator_any, "llama-server's threads are set in its arguments"),
+            (n_gpu_layers != 0, "layers are offloaded to a GPU"),
+            (not second_server, "no port for a second llama-server"),
+        )
+        why = "; ".join(text for hit, text in reasons if hit)
+        if why:
+            sharing = "gate"
     if n_threads:
         engine = n_threads
     elif sharing == "split" and chat:
@@ -104,6 +183,6 @@ def plan_threads(
     else:
         server = cores
     if sharing != "dynamic":
-        return ThreadPlan(sharing, engine, server)
+        return ThreadPlan(sharing, engine, server, why=why)
     server_split = cores // 2
     return ThreadPlan(sharing, engine, server, min(engine, cores - server_split), server_split)

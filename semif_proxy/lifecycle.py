@@ -14,6 +14,7 @@ import aiohttp
 from aiohttp import web
 
 from semif_proxy import native
+from semif_proxy.cpu import memory_room, private_bytes, second_server_fits
 from semif_proxy.cpu_dynamic import CpuDynamicSplit
 from semif_proxy.cpu_slicer import CpuSlicer
 from semif_proxy.engine import DecisionEngine
@@ -65,18 +66,44 @@ async def engine_ctx(app: web.Application) -> AsyncIterator[None]:
         await asyncio.get_running_loop().run_in_executor(None, engine.close)
 
 
-async def _start_llama(app: web.Application, server: LlamaServer, split: bool) -> None:
+async def _start_llama(app: web.Application, server: LlamaServer, split: bool) -> bool:
     """The split llama-server's failure is not fatal: chat goes to the main one."""
     try:
         await server.start()
+        return True
     except Exception as exc:
         if not split:
             _fatal(app, "llama-server", exc)
-            return
+            return False
         log.error(
             "the split llama-server failed to start; chat uses the main one through the gate",
             extra={"event": "llama_server_split_failed", "error": str(exc)},
         )
+        return False
+
+
+async def _start_all(app: web.Application, servers: list[LlamaServer]) -> None:
+    """The main llama-server first; the split one once the main one is healthy and the engine
+    loaded (side by side, each load would slow the others and /ping would say 200 later), and
+    only if the memory left holds it."""
+    main, *rest = servers
+    if not await _start_llama(app, main, split=False) or not rest:
+        return
+    while app[ENGINE].engine is None and not app[STARTUP].errors:
+        await asyncio.sleep(0.1)  # the engine's own load: its memory counts too
+    room, need = memory_room(), private_bytes(main.pid) if main.pid else None
+    if not second_server_fits(room, need):
+        log.warning(
+            "no second llama-server: the memory left would not hold it; chat uses the main "
+            "one through the gate",
+            extra={
+                "event": "llama_server_split_skipped",
+                "memory_left_bytes": room,
+                "first_server_private_bytes": need,
+            },
+        )
+        return
+    await _start_llama(app, rest[0], split=True)
 
 
 async def llama_ctx(app: web.Application) -> AsyncIterator[None]:
@@ -101,18 +128,24 @@ async def llama_ctx(app: web.Application) -> AsyncIterator[None]:
         app[LLAMA] = server  # state "stopped"/"starting": /ping says 503 until it is healthy
         servers.append(server)
         gate = app[GATE]
+        if plan.why:
+            log.info(
+                f"CPU sharing dynamic planned as the gate: {plan.why}",
+                extra={"event": "cpu_dynamic_fallback", "why": plan.why},
+            )
         if isinstance(gate, CpuSlicer):
             gate.attach(server=server)
         if isinstance(gate, CpuDynamicSplit):
             # The same model file: the weights are mmap'ed once; each has its own KV cache.
             split_args = with_defaults(settings.llama_server_args, plan.llama_server_split)
+            assert settings.split_upstream_port is not None  # planned only with a port
             split = LlamaServer(
                 binary, settings.model_path, settings.split_upstream_port, split_args, supervision
             )
             app[LLAMA_SPLIT] = split
             servers.append(split)
             gate.attach(server=server, split=split)
-        tasks = [asyncio.create_task(_start_llama(app, s, s is not server)) for s in servers]
+        tasks = [asyncio.create_task(_start_all(app, servers))]
     yield
     for task in tasks:
         if not task.done():

@@ -53,6 +53,9 @@ class Settings(BaseModel):
     host: str = "0.0.0.0"
     port: int = Field(8080, ge=1, le=65535)
     upstream_port: int = Field(8081, ge=1, le=65535)
+    # The second llama-server's port (CPU sharing "dynamic"); None: no port for it (set by
+    # load_settings), the gate instead.
+    split_upstream_port: int | None = Field(None, ge=1, le=65535)
     chat: bool = True
     decisions: bool = True
     llama_server_args: tuple[str, ...] = ()
@@ -71,7 +74,7 @@ class Settings(BaseModel):
     # turns of cpu_slice_ms while both have work), gate (both get every core, one job at a
     # time), dynamic (every core to whichever runs alone, divided while both run: a second
     # llama-server with half the threads takes chat then), split (cores divided, both at
-    # once), none; auto: gate on the CPU, none with GPU.
+    # once), none; auto: dynamic on the CPU (the gate where it cannot divide), none with GPU.
     cpu_sharing: Literal["auto", "slice", "gate", "dynamic", "split", "none"] = "auto"
     cpu_slice_ms: int = Field(400, ge=10, le=2000)  # one round: a turn each
     cpu_chat_share: float = Field(0.5, ge=0.1, le=0.9)  # llama-server's part of a round
@@ -146,12 +149,8 @@ class Settings(BaseModel):
             self.chat,
             self.decisions,
             self.llama_server_args,
+            second_server=self.split_upstream_port is not None,
         )
-
-    @property
-    def split_upstream_port(self) -> int:
-        """The loopback port of the second llama-server that SEMIF_CPU_SHARING=dynamic starts."""
-        return self.upstream_port + 1
 
     @property
     def prompt_token_limit(self) -> int:
@@ -313,9 +312,9 @@ def _resolve_model(env: Mapping[str, str], model: str | None) -> Path:
     return path
 
 
-def _safe_upstream_port(env: Mapping[str, str], public: Any) -> int | None:
+def _safe_port_range(env: Mapping[str, str]) -> range | None:
     """In an inference pipeline SageMaker gives the container SAGEMAKER_SAFE_PORT_RANGE
-    ("low-high") for any port of its own: llama-server's loopback port goes there."""
+    ("low-high") for any port of its own: the llama-servers' loopback ports go there."""
     text = env.get("SAGEMAKER_SAFE_PORT_RANGE", "").strip()
     if not text:
         return None
@@ -328,25 +327,42 @@ def _safe_upstream_port(env: Mapping[str, str], public: Any) -> int | None:
         ) from None
     if not sep or not 1 <= lo <= hi <= 65535:
         raise SettingsError(f"SAGEMAKER_SAFE_PORT_RANGE: expected LOW-HIGH, got {text!r}")
-    free = [port for port in range(lo, hi + 1) if str(port) != str(public)]
+    return range(lo, hi + 1)
+
+
+def _safe_upstream_port(allowed: range, public: Any) -> int:
+    free = [port for port in allowed if str(port) != str(public)]
     for port in free:
-        if port + 1 in free:  # SEMIF_CPU_SHARING=dynamic's second llama-server takes the next
+        if port + 1 in free:  # CPU sharing "dynamic" puts its second llama-server on the next
             return port
     if free:
         return free[0]
-    raise SettingsError(f"SAGEMAKER_SAFE_PORT_RANGE: {text!r} leaves no port beside {public}")
+    raise SettingsError(
+        f"SAGEMAKER_SAFE_PORT_RANGE: {allowed.start}-{allowed.stop - 1} leaves no port "
+        f"beside {public}"
+    )
+
+
+def _split_port(upstream: int, public: int, allowed: range | None) -> int | None:
+    """The second llama-server's port (CPU sharing "dynamic"): next to the first one, never
+    the proxy's own, inside SageMaker's safe range when one is given. None: no such port (the
+    plan falls back to the gate)."""
+    for port in (upstream + 1, upstream + 2, upstream - 1):
+        inside = allowed is None or port in allowed
+        if 1 <= port <= 65535 and port not in (public, upstream) and inside:
+            return port
+    return None
 
 
 def load_settings(env: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
     """Settings from the environment; keyword overrides (CLI flags) win over variables."""
     env = dict(os.environ if env is None else env)
     values, sources = _raw_values(env)
-    if "upstream_port" not in values:
-        public = overrides.get("port") or values.get("port", Settings.model_fields["port"].default)
-        safe = _safe_upstream_port(env, public)
-        if safe is not None:
-            values["upstream_port"] = safe
-            sources["upstream_port"] = "SAGEMAKER_SAFE_PORT_RANGE"
+    public = overrides.get("port") or values.get("port", Settings.model_fields["port"].default)
+    allowed = _safe_port_range(env)
+    if "upstream_port" not in values and allowed is not None:
+        values["upstream_port"] = _safe_upstream_port(allowed, public)
+        sources["upstream_port"] = "SAGEMAKER_SAFE_PORT_RANGE"
     model = overrides.pop("model", None)
     values["model_path"] = _resolve_model(env, model)
     values.update({k: v for k, v in overrides.items() if v is not None})
@@ -357,24 +373,11 @@ def load_settings(env: Mapping[str, str] | None = None, **overrides: Any) -> Set
         field = str(first["loc"][0]) if first["loc"] else "?"
         var = sources.get(field, _ENV.get(field, (field,))[0])
         raise SettingsError(f"{var}: {first['msg']} (got {first.get('input')!r})") from None
+    split = _split_port(settings.upstream_port, settings.port, allowed)
+    settings = settings.model_copy(update={"split_upstream_port": split})
     _check_prior_prompts(settings, sources.get("position_prior", "SEMIF_CALIBRATION"))
     _check_slice_turns(settings)
-    _check_split_port(settings, sources.get("upstream_port", "LLAMA_CPP_UPSTREAM_PORT"))
     return _complete(env, settings)
-
-
-def _check_split_port(settings: Settings, var: str) -> None:
-    """SEMIF_CPU_SHARING=dynamic runs a second llama-server on the next port up."""
-    if settings.threads.sharing != "dynamic":
-        return
-    port = settings.split_upstream_port
-    if port > 65535 or port == settings.port:
-        raise SettingsError(
-            f"{var}: SEMIF_CPU_SHARING=dynamic starts a second llama-server on port "
-            f"{settings.upstream_port} + 1 = {port}, which is "
-            + ("no port" if port > 65535 else "the proxy's own port")
-            + "; choose another upstream port"
-        )
 
 
 def _check_slice_turns(settings: Settings) -> None:

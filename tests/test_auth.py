@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from semif_proxy.auth import is_public, normalise_path
-from semif_proxy.testing.server import ProxyProcess
+from semif_proxy.testing.server import ProxyProcess, wait_for
 
 KEY = "s3cr3t-xyz"
 UPSTREAM_KEY = "upstream-k3y"
@@ -191,13 +191,25 @@ def _listening(pid: int) -> list[tuple[str, int]]:
 
 
 def test_llama_server_stays_on_loopback(keyed: ProxyProcess) -> None:
-    health = send(keyed, "GET", "/health", KEY)
-    pid = json.loads(health[2])["llama_server"]["pid"]
-    argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
-    assert argv[argv.index("--host") + 1] == "127.0.0.1" and "0.0.0.0" not in argv
-    assert "--api-key" not in argv and argv[argv.index("--hf-token") + 1] == HF_TOKEN
-    listening = _listening(pid)
-    assert listening == [("127.0.0.1", keyed.upstream_port)], listening
+    health = json.loads(send(keyed, "GET", "/health", KEY)[2])
+    servers = [("llama_server", keyed.upstream_port)]
+    if health["cpu"]["sharing"] == "dynamic":  # the default on 2+ cores: a second one
+        wait_for(
+            lambda: json.loads(send(keyed, "GET", "/health", KEY)[2])["llama_server_split"][
+                "healthy"
+            ],
+            120,
+            "the second llama-server is up",
+        )
+        health = json.loads(send(keyed, "GET", "/health", KEY)[2])
+        servers.append(("llama_server_split", keyed.upstream_port + 1))
+    for key, port in servers:
+        pid = health[key]["pid"]
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
+        assert argv[argv.index("--host") + 1] == "127.0.0.1" and "0.0.0.0" not in argv
+        assert "--api-key" not in argv and argv[argv.index("--hf-token") + 1] == HF_TOKEN
+        listening = _listening(pid)
+        assert listening == [("127.0.0.1", port)], (key, listening)
     log = keyed.log_path.read_text()
     assert re.search(r"SM_LLAMA_CPP_HOST is ignored: llama-server listens on 127\.0\.0\.1", log)
 
@@ -211,9 +223,11 @@ def test_secrets_never_reach_the_log(keyed: ProxyProcess) -> None:
     for secret in SECRETS:
         assert secret not in text
     lines = [json.loads(li) for li in text.splitlines() if li.startswith("{")]
-    [started] = [li for li in lines if li.get("event") == "llama_server_start"]
-    argv = started["argv"]
-    assert argv[argv.index("--hf-token") + 1] == "***"
+    started = [li for li in lines if li.get("event") == "llama_server_start"]
+    assert started  # one, or two with CPU sharing dynamic
+    for line in started:
+        argv = line["argv"]
+        assert argv[argv.index("--hf-token") + 1] == "***"
     [settings] = [li["settings"] for li in lines if li.get("event") == "settings"]
     assert settings["api_key"] == "***"
     args = settings["llama_server_args"]

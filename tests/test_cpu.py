@@ -50,7 +50,8 @@ def test_a_quota_caps_the_cores(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("sharing", "chat", "gpu", "args", "expected"),
     [
-        ("auto", True, 0, (), ("gate", 8, 8)),
+        ("auto", True, 0, (), ("dynamic", 8, 8)),
+        ("auto", True, 0, ("-t", "3"), ("gate", 8, None)),
         ("slice", True, 0, (), ("slice", 8, 8)),
         ("auto", True, 99, (), ("none", 8, 8)),
         ("auto", False, 0, (), ("none", 8, 8)),

@@ -9,14 +9,15 @@ import json
 import os
 import signal
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from semif_proxy import native
-from semif_proxy.cpu import plan_threads
+from semif_proxy import cpu_dynamic, native
+from semif_proxy.cpu import memory_room, plan_threads, private_bytes, second_server_fits
 from semif_proxy.cpu_dynamic import CpuDynamicSplit
 from semif_proxy.errors import Timeout
 from semif_proxy.settings import SettingsError, load_settings
@@ -82,22 +83,133 @@ def test_the_plan_divides_the_cores_only_where_it_can() -> None:
     assert plan_threads("dynamic", 0, 0, True, True, ("-t", "3"), cores=8).sharing == "gate"
     assert plan_threads("dynamic", 0, 0, True, True, ("-tb=3",), cores=8).sharing == "gate"
     assert plan_threads("dynamic", 0, 99, True, True, (), cores=8).sharing == "gate"
+    # Why, for the start-up log and /health.
+    assert plan_threads("dynamic", 0, 0, True, True, (), cores=1).why == "1 core"
+    assert plan_threads("auto", 0, 0, True, True, ("-t", "3"), cores=8).why == (
+        "llama-server's threads are set in its arguments"
+    )
+    no_port = plan_threads("dynamic", 0, 99, True, True, (), cores=8, second_server=False)
+    assert no_port.why == "layers are offloaded to a GPU; no port for a second llama-server"
+    assert plan_threads("dynamic", 0, 0, True, True, (), cores=8).why == ""
 
 
-def test_the_second_port_is_checked(model_path: Path) -> None:
-    env = {"SEMIF_CPU_SHARING": "dynamic", "SEMIF_PORT": "9001"}
+def test_the_second_port_is_chosen(model_path: Path) -> None:
+    env = {"SEMIF_PORT": "9001"}  # the default sharing: dynamic on two cores or more
     if load_settings(env, model=str(model_path)).threads.sharing != "dynamic":
         pytest.skip("one core here: dynamic plans the gate")
-    with pytest.raises(SettingsError, match=r"LLAMA_CPP_UPSTREAM_PORT: .*9001.*proxy's own"):
-        load_settings({**env, "LLAMA_CPP_UPSTREAM_PORT": "9000"}, model=str(model_path))
-    with pytest.raises(SettingsError, match=r"LLAMA_CPP_UPSTREAM_PORT: .*no port"):
-        load_settings({**env, "LLAMA_CPP_UPSTREAM_PORT": "65535"}, model=str(model_path))
+
+    def ports(extra: dict[str, str]) -> tuple[int, int | None, str]:
+        s = load_settings({**env, **extra}, model=str(model_path))
+        return s.upstream_port, s.split_upstream_port, s.threads.sharing
+
+    assert ports({}) == (8081, 8082, "dynamic")
+    # Never the proxy's own port; at the top of the range, the port below.
+    assert ports({"LLAMA_CPP_UPSTREAM_PORT": "9000"}) == (9000, 9002, "dynamic")
+    assert ports({"LLAMA_CPP_UPSTREAM_PORT": "65535"}) == (65535, 65534, "dynamic")
     # SageMaker's safe range: a port with its next one free too.
-    ranged = load_settings(
-        {**env, "SEMIF_PORT": "10001", "SAGEMAKER_SAFE_PORT_RANGE": "10000-10003"},
-        model=str(model_path),
+    assert ports({"SEMIF_PORT": "10001", "SAGEMAKER_SAFE_PORT_RANGE": "10000-10003"}) == (
+        10002,
+        10003,
+        "dynamic",
     )
-    assert (ranged.upstream_port, ranged.split_upstream_port) == (10002, 10003)
+    # A range with room for one llama-server only: no second one outside it, the gate.
+    assert ports({"SEMIF_PORT": "10001", "SAGEMAKER_SAFE_PORT_RANGE": "10000-10001"}) == (
+        10000,
+        None,
+        "gate",
+    )
+    with pytest.raises(SettingsError, match=r"SAGEMAKER_SAFE_PORT_RANGE: 10001-10001 leaves no"):
+        ports({"SEMIF_PORT": "10001", "SAGEMAKER_SAFE_PORT_RANGE": "10001-10001"})
+
+
+def test_memory_room_reads_meminfo_and_a_cgroup_limit(tmp_path: Path) -> None:
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemTotal:       24000000 kB\nMemAvailable:   20000000 kB\n")
+    v2 = tmp_path / "v2"
+    v2.mkdir()
+    assert memory_room(v2, meminfo) == 20000000 * 1024  # no cgroup files: the kernel's figure
+    (v2 / "memory.max").write_text("max\n")
+    (v2 / "memory.current").write_text("1000\n")
+    assert memory_room(v2, meminfo) == 20000000 * 1024  # no limit
+    (v2 / "memory.max").write_text(f"{4 << 30}\n")  # a container's --memory=4g
+    (v2 / "memory.current").write_text(f"{1 << 30}\n")
+    assert memory_room(v2, meminfo) == 3 << 30
+    v1 = tmp_path / "v1"
+    (v1 / "memory").mkdir(parents=True)
+    (v1 / "memory" / "memory.limit_in_bytes").write_text(f"{2 << 30}\n")
+    (v1 / "memory" / "memory.usage_in_bytes").write_text(f"{1 << 30}\n")
+    assert memory_room(v1, tmp_path / "none") == 1 << 30
+    assert memory_room(tmp_path / "none", tmp_path / "none") is None
+
+
+def test_a_second_llama_server_must_fit_beside_the_first(tmp_path: Path) -> None:
+    mine = private_bytes(os.getpid())
+    assert mine is not None and mine > 0
+    assert private_bytes(2**22 + 12345) is None  # no such process
+    assert second_server_fits(None, mine) and second_server_fits(mine, None)
+    assert second_server_fits(3 * mine // 2, mine) and not second_server_fits(mine, mine)
+    # A cgroup's reclaimable page cache (a GGUF read before) is not counted as used.
+    v2 = tmp_path / "v2"
+    v2.mkdir()
+    (v2 / "memory.max").write_text(f"{4 << 30}\n")
+    (v2 / "memory.current").write_text(f"{3 << 30}\n")
+    (v2 / "memory.stat").write_text(f"anon 1\ninactive_file {2 << 30}\nactive_file 5\n")
+    assert memory_room(v2, tmp_path / "none") == 3 << 30
+    v1 = tmp_path / "v1" / "memory"
+    v1.mkdir(parents=True)
+    (v1 / "memory.limit_in_bytes").write_text("9223372036854771712\n")  # v1's "no limit"
+    (v1 / "memory.usage_in_bytes").write_text("1000\n")
+    assert memory_room(tmp_path / "v1", tmp_path / "none") is None
+
+
+# In-process: see tests/test_engine.py on aiohttp's warning about plain string request keys.
+@pytest.mark.filterwarnings("ignore::aiohttp.web_exceptions.NotAppKeyWarning")
+def test_no_second_llama_server_where_the_memory_left_would_not_hold_it(
+    model_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """In-process, the real lifecycle: the main llama-server and the engine start, then the
+    memory check refuses the second one; chat goes on through the main one."""
+    from aiohttp.test_utils import TestClient, TestServer
+
+    from semif_proxy import lifecycle
+    from semif_proxy.app import create_app
+    from semif_proxy.testing.server import free_port, free_port_pair
+
+    port = free_port()
+    env = {
+        "SEMIF_PORT": str(port),
+        "LLAMA_CPP_UPSTREAM_PORT": str(free_port_pair(avoid=port)),
+        "SEMIF_CTX_SIZE": "2048",
+        "SM_LLAMA_CPP_CTX_SIZE": "2048",
+    }
+    settings = load_settings(env, model=str(model_path))
+    if settings.threads.sharing != "dynamic":
+        pytest.skip("one core here: dynamic plans the gate")
+    monkeypatch.setattr(lifecycle, "memory_room", lambda: 1 << 20)  # 1 MiB left
+
+    async def scenario() -> None:
+        async with TestClient(TestServer(create_app(settings))) as client:
+            for _ in range(1200):
+                if any(
+                    r.__dict__.get("event") == "llama_server_split_skipped" for r in caplog.records
+                ):
+                    break
+                await asyncio.sleep(0.1)
+            [skipped] = [
+                r for r in caplog.records if r.__dict__.get("event") == "llama_server_split_skipped"
+            ]
+            assert skipped.__dict__["memory_left_bytes"] == 1 << 20
+            assert skipped.__dict__["first_server_private_bytes"] > 1 << 20
+            health = await (await client.get("/health")).json()
+            assert health["llama_server"]["healthy"] and not health["llama_server_split"]["pid"]
+            reply = await client.post(
+                "/v1/chat/completions",
+                json={"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4},
+            )
+            assert reply.status == 200, await reply.text()
+
+    with caplog.at_level("INFO"):
+        asyncio.run(scenario())
 
 
 # -- the routing, with stand-ins ---------------------------------------------------------------
@@ -232,12 +344,138 @@ def test_without_a_split_server_answering_chat_takes_the_gate() -> None:
 
 def test_no_chat_goes_to_the_main_server_beside_one_on_the_split_server() -> None:
     async def scenario() -> None:
-        gate, _, _, half = dynamic()
-        async with gate.exclusive(), gate.shared(5) as first:
-            assert first is half
-            half.healthy = False  # two probes missed while it generates
-            async with gate.shared(5) as second:
-                assert second is half  # not the main one's every core beside it
+        gate, _, main, half = dynamic()
+        got: list[object] = []
+        first_done = asyncio.Event()
+
+        async def second_chat() -> None:
+            async with gate.shared(5) as server:
+                assert first_done.is_set()  # not the main one's every core beside the first
+                got.append(server)
+
+        async with gate.exclusive():
+            async with gate.shared(5) as first:
+                assert first is half
+                half.healthy = False  # two probes missed while it generates
+                task = asyncio.create_task(second_chat())
+                await settle(lambda: gate.drain_waits == 1, "the second chat waits")
+                await asyncio.sleep(0.02)
+                assert not got
+            first_done.set()
+            await asyncio.sleep(0.02)
+            assert not got  # the main one, through the gate: behind the decision
+        await task
+        assert got == [main]
+
+    asyncio.run(scenario())
+
+
+def test_chat_alone_after_a_mixed_spell_gets_every_core_back() -> None:
+    async def scenario() -> None:
+        gate, engine, main, half = dynamic()
+        got: list[object] = []
+        release = asyncio.Event()
+        async with gate.exclusive():
+            first = gate.shared(5)  # a chat beside a decision, still generating after it
+            assert await first.__aenter__() is half
+        assert gate.split_chats == 1 and gate.decisions == 0 and engine.wanted == 1
+
+        async def next_chat() -> None:
+            async with gate.shared(5) as server:
+                got.append(server)
+                await release.wait()
+
+        task = asyncio.create_task(next_chat())
+        await settle(lambda: gate.drain_waits == 1, "the next chat waits for the drain")
+        await asyncio.sleep(0.02)
+        assert not got  # not the main one's every core beside the split one's chat
+        await first.__aexit__(None, None, None)
+        await settle(lambda: bool(got), "the next chat goes")
+        assert got == [main] and engine.wanted == 0  # every core again, not half of them
+        release.set()
+        await task
+
+    asyncio.run(scenario())
+
+
+def test_a_long_stream_on_the_split_server_holds_later_chats_back_for_the_grace_only(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(cpu_dynamic, "DRAIN_GRACE_S", 0.05)
+
+    async def scenario() -> None:
+        gate, _, main, half = dynamic()
+        async with gate.exclusive():
+            stream = gate.shared(5)  # read slowly: it outlives the decision and the grace
+            assert await stream.__aenter__() is half
+        start = time.monotonic()
+        async with gate.shared(5) as server:
+            waited = time.monotonic() - start
+            assert server is half  # beside the stream, not the main one's every core
+            assert 0.05 <= waited < 5 and gate.drain_waits == 1
+            # The grace has passed: later chats join at once, no new wait each.
+            async with gate.shared(5) as later:
+                assert later is half and gate.drain_waits == 1
+        await stream.__aexit__(None, None, None)
+        # The split one has no chat left: chat alone has every core again, at once.
+        async with gate.shared(5) as server:
+            assert server is main and gate.split_chats == 0 and gate.drain_waits == 1
+
+    asyncio.run(scenario())
+
+
+def test_a_chat_granted_the_gate_after_one_took_the_split_server_routes_again() -> None:
+    async def scenario() -> None:
+        gate, _, main, half = dynamic()
+        got: list[tuple[str, object]] = []
+        half.healthy = False  # still starting
+        decision = gate.exclusive()
+        await decision.__aenter__()
+
+        async def chat(name: str, hold: asyncio.Event) -> None:
+            async with gate.shared(5) as server:
+                got.append((name, server))
+                await hold.wait()
+
+        first_hold, second_hold = asyncio.Event(), asyncio.Event()
+        first = asyncio.create_task(chat("first", first_hold))
+        await settle(lambda: gate.gate.waiting == 1, "the first chat queues at the gate")
+        half.healthy = True  # the split server is up: the next chat goes there
+        second = asyncio.create_task(chat("second", second_hold))
+        await settle(lambda: got == [("second", half)], "the second chat on the split server")
+        await decision.__aexit__(None, None, None)  # the gate lets the first one in ...
+        await asyncio.sleep(0.02)
+        assert got == [("second", half)]  # ... but not beside the split server's chat
+        assert gate.gate.shared_holders == 0
+        second_hold.set()
+        await second
+        await settle(lambda: len(got) == 2, "the first chat goes once the split one drained")
+        assert got[1] == ("first", main)
+        first_hold.set()
+        await first
+
+    asyncio.run(scenario())
+
+
+def test_a_chat_cancelled_while_it_waits_for_a_drain_leaves_nothing_behind() -> None:
+    async def scenario() -> None:
+        gate, engine, _, half = dynamic()
+        async with gate.exclusive():
+            stream = gate.shared(5)
+            assert await stream.__aenter__() is half
+
+        async def chat() -> None:
+            async with gate.shared(5):
+                raise AssertionError("never routed")
+
+        task = asyncio.create_task(chat())
+        await settle(lambda: gate.waiting == 1, "the chat waits for the drain")
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert gate.waiting == 0 and gate.split_chats == 1
+        await stream.__aexit__(None, None, None)
+        assert gate.split_chats == 0 and engine.wanted == 0 and gate.gate.shared_holders == 0
 
     asyncio.run(scenario())
 
@@ -269,7 +507,8 @@ def test_a_decision_and_chats_at_once_divide_the_cores_and_agree_with_quiet_runs
 ) -> None:
     import aiohttp
 
-    env = {"SEMIF_THREADS": None, "SEMIF_CPU_SHARING": "dynamic", "SEMIF_PREFIX_CACHE_MB": "0"}
+    # The default settings (every core; CPU sharing auto, which is dynamic here).
+    env = {"SEMIF_THREADS": None, "SEMIF_PREFIX_CACHE_MB": "0"}
     server = ProxyProcess(model_path, env, log_path=tmp_path / "dynamic.log")
     server.start()
     try:

@@ -98,6 +98,7 @@ async def health(request: web.Request) -> web.Response:
         # The gate took over: ggml's CPU backend has no OpenMP (cpu_slicer.py).
         "slice_fallback": isinstance(app[GATE], CpuSlicer) and app[GATE].fallback is not None,
         "engine_parks": engine.parks if engine is not None else None,
+        "dynamic_fallback": plan.why or None,  # why CPU sharing dynamic became the gate
     }
     gate = app[GATE]
     if isinstance(gate, CpuDynamicSplit):
@@ -106,6 +107,7 @@ async def health(request: web.Request) -> web.Response:
             llama_server_split_threads=plan.llama_server_split,
             split_calls=gate.split_calls,
             split_waits=gate.split_waits,
+            drain_waits=gate.drain_waits,
         )
     if engine is not None:
         body["model"] = engine.model_info
