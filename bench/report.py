@@ -185,7 +185,7 @@ def _side(tag: str) -> dict[str, str]:
         )
     if f := load("floor", tag):
         out["decision / llama-server floor (target <= 1.05)"] = ", ".join(
-            f"{v['forward_over_floor']:.2f}x at {v['prompt_tokens']:,}"
+            f"{v['forward_over_floor']:.2f}x at {v['prompt_tokens']:,.0f}"
             for v in f["lengths"].values()
         )
     if c := load("scaling", tag):
