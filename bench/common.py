@@ -127,7 +127,22 @@ def start_server(model: Path, env: dict[str, str | None] | None = None) -> Proxy
         "SEMIF_MAX_DECISIONS": "64",
         "SEMIF_REQUEST_TIMEOUT": "900",
     }
-    return ProxyProcess(model, {**base, **(env or {})}).start(timeout=300)
+    server = ProxyProcess(model, {**base, **(env or {})}).start(timeout=300)
+    settled(server.url)
+    return server
+
+
+def settled(url: str, timeout: float = 300.0) -> None:
+    """Wait until the start has settled: /ping says 200 before CPU sharing dynamic's second
+    llama-server has loaded (lifecycle.py), and a measurement taken while it loads pays for
+    its load. Settled: it is healthy, skipped, or none was planned."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        split = get_json(url + "/health").get("llama_server_split")
+        if split is None or split["healthy"] or split["state"] == "skipped":
+            return
+        time.sleep(0.2)
+    raise RuntimeError(f"the second llama-server was not ready within {timeout} s")
 
 
 def write(name: str, payload: dict[str, Any]) -> Path:

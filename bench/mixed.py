@@ -3,6 +3,9 @@
 For each design (SEMIF_CPU_SHARING=slice, gate, dynamic, split) one server with otherwise default
 settings runs three phases: decisions alone (4 clients), streaming chat alone (2 clients), and
 both at once.
+`mixed_rounds` repeats only the mixed phase, two designs alternating (A B, B A, ...) for
+several rounds, so a difference between them can be told from this VM's drift: each round's
+ratio A / B, and their spread.
 Two single-path servers give the optimum each path can reach on this machine: decisions with
 SEMIF_CHAT=off, chat with SEMIF_DECISIONS=off. Decisions are ~350-token prompts on fresh states
 (prefix cache off), chat answers are 64 generated tokens.
@@ -18,8 +21,8 @@ from typing import Any
 
 import aiohttp
 
-from bench.common import summary
-from semif_proxy.testing.server import ProxyProcess, wait_for
+from bench.common import settled, summary
+from semif_proxy.testing.server import ProxyProcess
 
 DECISION_CLIENTS = 4
 CHAT_CLIENTS = 2
@@ -166,16 +169,7 @@ def serve(model: Path, env: dict[str, str | None]) -> ProxyProcess:
         "SM_LLAMA_CPP_PARALLEL": None,
     }
     server = ProxyProcess(model, {**base, **env}).start(timeout=300)
-    # /ping is ready with the main llama-server; dynamic's second one may still be loading.
-    wait_for(
-        lambda: (
-            server.call("GET", "/health")
-            .json()
-            .get("llama_server_split", {"healthy": True})["healthy"]
-        ),
-        300,
-        "the split llama-server is healthy",
-    )
+    settled(server.url)
     return server
 
 
@@ -228,3 +222,56 @@ def run(model: Path, seconds: float = 30.0, designs: tuple[str, ...] = DEFAULT_D
             r["chat_alone"]["chat_tokens_per_s_per_stream"]["p50"] / best_c
         )
     return results
+
+
+# The single-path servers the optimum comes from, as designs `mixed_rounds` can compare with.
+OPTIMA: dict[str, dict[str, str | None]] = {
+    "chat_off": {"SEMIF_CHAT": "off"},
+    "decisions_off": {"SEMIF_DECISIONS": "off"},
+}
+PHASES = {"mixed": (DECISION_CLIENTS, CHAT_CLIENTS), "decisions": (DECISION_CLIENTS, 0)}
+PHASES["chat"] = (0, CHAT_CLIENTS)
+
+
+def rounds(
+    model: Path, seconds: float, designs: tuple[str, str], n: int, which: str = "mixed"
+) -> dict:
+    """One phase (`which`: mixed, decisions or chat alone), `n` rounds of the two designs in
+    alternating order; ratios of the first over the second per round (decisions/s, chat
+    tokens/s: higher is better; TTFT, decision p50: lower is better). A design may be one of
+    OPTIMA, e.g. dynamic against chat_off with decisions alone."""
+    a, b = designs
+    decisions, chats = PHASES[which]
+    runs: dict[str, list[dict[str, Any]]] = {a: [], b: []}
+    for i in range(n):
+        for design in (a, b) if i % 2 == 0 else (b, a):
+            server = serve(model, {**DESIGNS, **OPTIMA}[design])
+            try:
+                result = asyncio.run(phase(server.url, decisions, chats, seconds))
+                result["cpu_after"] = server.call("GET", "/health").json()["cpu"]
+                runs[design].append(result)
+            finally:
+                server.stop()
+    keys = {}
+    if decisions:
+        keys["decisions_per_s"] = lambda m: m["decisions_per_s"]
+        keys["decision_p50"] = lambda m: m["decision_seconds"]["p50"]
+    if chats:
+        keys["chat_tokens_per_s_total"] = lambda m: m["chat_tokens_per_s_total"]
+        keys["chat_tokens_per_s_per_stream_p50"] = lambda m: m["chat_tokens_per_s_per_stream"][
+            "p50"
+        ]
+        keys["chat_ttft_p50"] = lambda m: m["chat_ttft_seconds"]["p50"]
+    ratios = {
+        key: [get(x) / get(y) for x, y in zip(runs[a], runs[b], strict=True)]
+        for key, get in keys.items()
+    }
+    return {
+        "phase": which,
+        "seconds_per_phase": seconds,
+        "designs": [a, b],
+        "rounds": n,
+        "runs": runs,
+        "ratios": ratios,
+        "ratio_summary": {key: summary(values) for key, values in ratios.items()},
+    }

@@ -201,11 +201,20 @@ def _side(tag: str) -> dict[str, str]:
         out["memory PSS, " + " + ".join(c["memory_kb"])] = (
             " + ".join(f"{v['pss'] / 1024:,.0f}" for v in c["memory_kb"].values()) + " MiB"
         )
-    # What each number ran with: every results file since the defaults changed records its
-    # server's CPU settings; older ones (1 thread per process) have none.
-    settings = {_cpu(r.get("server_cpu")) for r in (j, g, order, o, s, p, f, c) if r}
-    if settings:
-        out["CPU sharing, threads engine + llama-server"] = "; ".join(sorted(settings))
+    # What each number ran with: the machine (the VM behind these runs has changed between
+    # sessions) and the server's CPU settings; older files (1 thread per process) have none.
+    runs = {"jevbench": j, "generation": g, "order": order, "overhead": o, "shared": s}
+    runs.update(prefix=p, floor=f, scaling=c)
+    groups: dict[str, list[str]] = {}
+    for suite, r in runs.items():
+        if r:
+            machine = r.get("machine", {}).get("cpu", "?").replace("(R)", "")
+            machine = " ".join(machine.split()[:2])  # "Intel Xeon", "AMD EPYC"
+            groups.setdefault(f"{machine}, {_cpu(r.get('server_cpu'))}", []).append(suite)
+    if groups:
+        out["CPU; CPU sharing, threads engine + llama-server"] = "; ".join(
+            f"{k} ({', '.join(v)})" for k, v in sorted(groups.items())
+        )
     return out
 
 

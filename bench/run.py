@@ -19,7 +19,7 @@ from bench import common, floor, mixed, options, prior, split, startup, suites
 SUITES = ("jevbench", "generation", "order", "overhead", "shared", "prefix", "scaling", "floor")
 # Suites that start their own servers (several configurations, or the start itself).
 # (`split` runs the engine in-process, no server.)
-OWN_SERVERS = ("mixed", "startup", "prior", "options", "labels", "split")
+OWN_SERVERS = ("mixed", "mixed_rounds", "startup", "prior", "options", "labels", "split")
 # `all` (make bench): prior, options and labels are left out, each its own long run (README).
 IN_ALL = (*SUITES, "mixed", "startup", "split")
 
@@ -91,11 +91,28 @@ def headline(name: str, r: dict[str, Any]) -> str:
         return (
             "; ".join(
                 f"{row['prompt_tokens']:.0f} tokens: forward/floor "
-                f"{row['forward_over_floor']:.2f}x, HTTP/floor {row['http_over_floor']:.2f}x"
+                f"{row['forward_over_floor']:.2f}x (paired "
+                f"{row.get('forward_over_floor_paired_p50', float('nan')):.2f}x), HTTP/floor "
+                f"{row['http_over_floor']:.2f}x"
                 for row in r["lengths"].values()
             )
             + f" (target <= {r['target_ratio']}x)"
         )
+    if name == "mixed_rounds":
+        a, b = r["designs"]
+        labels = {
+            "decisions_per_s": "decisions/s",
+            "decision_p50": "decision p50",
+            "chat_tokens_per_s_total": "chat tokens/s in all",
+            "chat_tokens_per_s_per_stream_p50": "chat tokens/s per stream",
+            "chat_ttft_p50": "TTFT p50",
+        }
+        parts = [
+            f"{labels[key]} {a}/{b} median {r['ratio_summary'][key]['p50']:.2f}x "
+            f"(rounds: {', '.join(f'{v:.2f}' for v in values)})"
+            for key, values in r["ratios"].items()
+        ]
+        return f"{r['rounds']} rounds of the {r['phase']} phase: " + "; ".join(parts)
     if name == "mixed":
         parts = []
         for design, d in r["designs"].items():
@@ -181,7 +198,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--mixed-designs",
         default=",".join(mixed.DEFAULT_DESIGNS),
-        help=f"of {','.join(mixed.DESIGNS)}",
+        help=f"of {','.join(mixed.DESIGNS)} (mixed_rounds also {','.join(mixed.OPTIMA)})",
+    )
+    parser.add_argument(
+        "--mixed-rounds",
+        type=int,
+        default=4,
+        help="mixed_rounds: rounds of the first two --mixed-designs",
+    )
+    parser.add_argument(
+        "--mixed-phase", default="mixed", choices=tuple(mixed.PHASES), help="mixed_rounds' phase"
     )
     parser.add_argument("--model", type=Path, help="GGUF to serve (started here)")
     parser.add_argument("--endpoint", help="use a running server instead")
@@ -203,6 +229,7 @@ def main(argv: list[str] | None = None) -> int:
         if not args.model:
             parser.error(f"{name} starts its own servers: give --model")
         start = time.perf_counter()
+        file_name = name
         if name == "startup":
             result = startup.run(args.model)
         elif name in ("options", "labels"):
@@ -211,12 +238,18 @@ def main(argv: list[str] | None = None) -> int:
             result = prior.run(args.model, args.limit, args.tasks)
         elif name == "split":
             result = split.run(args.model)
+        elif name == "mixed_rounds":
+            a, b = args.mixed_designs.split(",")[:2]
+            result = mixed.rounds(
+                args.model, args.mixed_seconds, (a, b), args.mixed_rounds, args.mixed_phase
+            )
+            file_name = f"mixed_rounds-{args.mixed_phase}-{a}-{b}"  # one file per comparison
         else:
             designs = tuple(args.mixed_designs.split(","))
             result = mixed.run(args.model, args.mixed_seconds, designs)
         result.update(wall_seconds=time.perf_counter() - start, machine=common.machine(), model=tag)
-        common.write(f"{name}-{tag}", result)
-        lines.append(f"- **{name}**: {headline(name, result)}")
+        common.write(f"{file_name}-{tag}", result)
+        lines.append(f"- **{file_name}**: {headline(name, result)}")
         print(lines[-1], flush=True)
     names = tuple(n for n in names if n not in OWN_SERVERS)
     if not names:

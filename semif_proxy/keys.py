@@ -27,6 +27,9 @@ class Startup:
 
     on_fatal: Callable[[], None]
     errors: list[str] = field(default_factory=list)
+    # Why the second llama-server of CPU sharing dynamic was not started (None: it was, or
+    # none was planned); /health shows it.
+    split_skipped: str | None = None
 
 
 @dataclass

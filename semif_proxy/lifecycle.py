@@ -102,6 +102,7 @@ async def _start_all(app: web.Application, servers: list[LlamaServer]) -> None:
                 "first_server_private_bytes": need,
             },
         )
+        app[STARTUP].split_skipped = "the memory left would not hold it"
         return
     await _start_llama(app, rest[0], split=True)
 

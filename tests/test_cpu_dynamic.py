@@ -202,6 +202,8 @@ def test_no_second_llama_server_where_the_memory_left_would_not_hold_it(
             assert skipped.__dict__["first_server_private_bytes"] > 1 << 20
             health = await (await client.get("/health")).json()
             assert health["llama_server"]["healthy"] and not health["llama_server_split"]["pid"]
+            assert health["llama_server_split"]["state"] == "skipped"
+            assert "memory" in health["llama_server_split"]["skipped"]
             reply = await client.post(
                 "/v1/chat/completions",
                 json={"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4},
@@ -508,7 +510,9 @@ def test_a_decision_and_chats_at_once_divide_the_cores_and_agree_with_quiet_runs
     import aiohttp
 
     # The default settings (every core; CPU sharing auto, which is dynamic here).
-    env = {"SEMIF_THREADS": None, "SEMIF_PREFIX_CACHE_MB": "0"}
+    # (More missed probes before a stalled llama-server is killed than the default 5, so the
+    # stall below outlasts the requests sent during it; it is counted unhealthy after 2.)
+    env = {"SEMIF_THREADS": None, "SEMIF_PREFIX_CACHE_MB": "0", "SEMIF_MAX_FAILED_PROBES": "20"}
     server = ProxyProcess(model_path, env, log_path=tmp_path / "dynamic.log")
     server.start()
     try:
@@ -578,6 +582,50 @@ def test_a_decision_and_chats_at_once_divide_the_cores_and_agree_with_quiet_runs
         # together, or one after the other, may break a greedy tie differently.)
         assert all(t.startswith(quiet_text[:20]) and len(t) > 40 for t in texts), texts
 
+        # The split server stalled (missed probes: not healthy) while a decision runs: a chat
+        # sent meanwhile goes to the main one, behind the decision, and answers in full.
+        calls = after["split_calls"]
+        os.kill(split_pid, signal.SIGSTOP)
+        try:
+            wait_for(
+                lambda: not server.call("GET", "/health").json()["llama_server_split"]["healthy"],
+                60,
+                "the stalled split llama-server is counted unhealthy",
+            )
+
+            async def during_stall() -> tuple[dict, str]:
+                async with aiohttp.ClientSession() as session:
+
+                    async def decide() -> dict:
+                        async with session.post(server.url + "/v1/decisions", json=decision) as r:
+                            assert r.status == 200
+                            return await r.json()
+
+                    async def one_chat() -> str:
+                        await asyncio.to_thread(
+                            wait_for,
+                            lambda: server.metric("semif_engine_job_running") == 1,
+                            60,
+                            "the decision runs",
+                        )
+                        return await stream(session)
+
+                    return await asyncio.gather(decide(), one_chat())
+
+            answer, text = asyncio.run(during_stall())
+        finally:
+            os.kill(split_pid, signal.SIGCONT)
+        assert answer["result"]["probabilities"] == quiet_decision["result"]["probabilities"]
+        assert text.startswith(quiet_text[:20]) and len(text) > 40, text
+        assert server.call("GET", "/health").json()["cpu"]["split_calls"] == calls
+        wait_for(
+            lambda: server.call("GET", "/health").json()["llama_server_split"]["healthy"],
+            120,
+            "the split llama-server answers again",
+        )
+        split_pid = server.call("GET", "/health").json()["llama_server_split"]["pid"]
+        restarts = server.call("GET", "/health").json()["llama_server_split"]["restarts"]
+
         # The split server killed: chat goes on through the main one, and it comes back.
         os.kill(split_pid, signal.SIGKILL)
         assert server.call("GET", "/ping").status == 200
@@ -587,7 +635,7 @@ def test_a_decision_and_chats_at_once_divide_the_cores_and_agree_with_quiet_runs
         wait_for(
             lambda: (
                 (s := server.call("GET", "/health").json()["llama_server_split"])["healthy"]
-                and s["restarts"] == 1
+                and s["restarts"] == restarts + 1
             ),
             120,
             "the split llama-server restarted",

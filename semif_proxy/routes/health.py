@@ -64,6 +64,10 @@ def _status(app: web.Application) -> tuple[bool, dict[str, Any]]:
         if split is not None:
             # Not part of readiness: while it is down, chat goes to the main one (cpu_dynamic).
             parts["llama_server_split"] = _server_status(split)
+            if app[STARTUP].split_skipped:
+                parts["llama_server_split"].update(
+                    state="skipped", skipped=app[STARTUP].split_skipped
+                )
         ready = ready and ok
     if app[STARTUP].errors:
         parts["startup_errors"] = list(app[STARTUP].errors)
