@@ -135,11 +135,16 @@ def start_server(model: Path, env: dict[str, str | None] | None = None) -> Proxy
 def settled(url: str, timeout: float = 300.0) -> None:
     """Wait until the start has settled: /ping says 200 before CPU sharing dynamic's second
     llama-server has loaded (lifecycle.py), and a measurement taken while it loads pays for
-    its load. Settled: it is healthy, skipped, or none was planned."""
+    its load. Settled: it is healthy, not started (refused by the memory check, or failed),
+    or none was planned."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        split = get_json(url + "/health").get("llama_server_split")
-        if split is None or split["healthy"] or split["state"] == "skipped":
+        try:
+            health = get_json(url + "/health")
+        except urllib.error.HTTPError as err:  # 503 while a probe is missed: the same body
+            health = json.loads(err.read())
+        split = health.get("llama_server_split")
+        if split is None or split["healthy"] or split["state"] == "not started":
             return
         time.sleep(0.2)
     raise RuntimeError(f"the second llama-server was not ready within {timeout} s")

@@ -12,7 +12,7 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from bench.common import post
+from bench.common import get_json, post
 
 FILLER = (
     "Shipment {n} left the Leipzig warehouse on Monday, reached the regional hub on Wednesday "
@@ -39,13 +39,29 @@ def floor_decision(tokens: int, n: int) -> dict[str, Any]:
     }
 
 
+def clear_slots(url: str) -> None:
+    """Leaves one token in each of llama-server's slots: a slot keeps the prompt it last held
+    in the unified KV cache, and cells left there by earlier suites (chat in generation, order)
+    would lengthen every ubatch's attention in the floor measurement."""
+    slots = get_json(url + "/props").get("total_slots", 1)
+    for slot in range(slots):
+        reply = post(
+            url + "/completion",
+            {"prompt": "x", "n_predict": 1, "cache_prompt": False, "id_slot": slot},
+        )
+        assert reply.status == 200, reply.body
+
+
 def run(url: str, lengths: tuple[int, ...] = (200, 1000, 4000), repeats: int = 3) -> dict:
+    clear_slots(url)
     rows: dict[str, Any] = {}
     for tokens in lengths:
         # A short prompt is cheap and its time moves most with this shared VM: more repeats.
         n = max(repeats, 2000 // tokens)
         forward, total, floor, prompt_tokens = [], [], [], []
         for r in range(n):
+            # The decision first: its returned prompt is the floor's text. (Not alternated:
+            # no way to render a decision's prompt without evaluating it.)
             reply = post(url + "/v1/decisions", floor_decision(tokens, tokens * 100 + r))
             assert reply.status == 200, reply.body
             result = reply.body["result"]
@@ -58,9 +74,8 @@ def run(url: str, lengths: tuple[int, ...] = (200, 1000, 4000), repeats: int = 3
                     "n_predict": 1,
                     "cache_prompt": False,
                     "temperature": 0,
-                    # Always slot 0: llama-server's other slots keep the prompts they last held
-                    # in its unified KV cache, and cells left there lengthen every ubatch's
-                    # attention (the floor would be slowed by what earlier calls left behind).
+                    # Always slot 0, the others left empty (clear_slots): no earlier floor
+                    # prompt stays behind in another slot.
                     "id_slot": 0,
                 },
             )

@@ -3,9 +3,10 @@
 For each design (SEMIF_CPU_SHARING=slice, gate, dynamic, split) one server with otherwise default
 settings runs three phases: decisions alone (4 clients), streaming chat alone (2 clients), and
 both at once.
-`mixed_rounds` repeats only the mixed phase, two designs alternating (A B, B A, ...) for
-several rounds, so a difference between them can be told from this VM's drift: each round's
-ratio A / B, and their spread.
+`mixed_rounds` repeats one phase (mixed, or one path alone), two designs alternating (A B,
+B A, ...) for several rounds, so a difference between them can be told from this VM's drift:
+each round's ratio A / B, and their spread. A design may be compared with itself: that
+measures the noise.
 Two single-path servers give the optimum each path can reach on this machine: decisions with
 SEMIF_CHAT=off, chat with SEMIF_DECISIONS=off. Decisions are ~350-token prompts on fresh states
 (prefix cache off), chat answers are 64 generated tokens.
@@ -233,6 +234,23 @@ PHASES = {"mixed": (DECISION_CLIENTS, CHAT_CLIENTS), "decisions": (DECISION_CLIE
 PHASES["chat"] = (0, CHAT_CLIENTS)
 
 
+def check_rounds(designs: list[str], which: str) -> str | None:
+    """What is wrong with a mixed_rounds request, before any server starts (None: fine)."""
+    known = {**DESIGNS, **OPTIMA}
+    if len(designs) != 2 or any(d not in known for d in designs):
+        return f"mixed_rounds compares two of {', '.join(known)}; got {','.join(designs)}"
+    # A single-path server cannot serve the other path: its clients would spin on 404s.
+    serves = {"chat_off": "decisions", "decisions_off": "chat"}
+    for d in designs:
+        if d in serves and which != serves[d]:
+            return f"{d} serves the {serves[d]} phase only, not {which}"
+    return None
+
+
+def _ratio(x: float, y: float) -> float:
+    return x / y if y else float("nan")
+
+
 def rounds(
     model: Path, seconds: float, designs: tuple[str, str], n: int, which: str = "mixed"
 ) -> dict:
@@ -240,16 +258,18 @@ def rounds(
     alternating order; ratios of the first over the second per round (decisions/s, chat
     tokens/s: higher is better; TTFT, decision p50: lower is better). A design may be one of
     OPTIMA, e.g. dynamic against chat_off with decisions alone."""
-    a, b = designs
     decisions, chats = PHASES[which]
-    runs: dict[str, list[dict[str, Any]]] = {a: [], b: []}
+    runs: tuple[list[dict[str, Any]], list[dict[str, Any]]] = ([], [])  # by position: A may be B
     for i in range(n):
-        for design in (a, b) if i % 2 == 0 else (b, a):
-            server = serve(model, {**DESIGNS, **OPTIMA}[design])
+        for side in (0, 1) if i % 2 == 0 else (1, 0):
+            server = serve(model, {**DESIGNS, **OPTIMA}[designs[side]])
             try:
                 result = asyncio.run(phase(server.url, decisions, chats, seconds))
-                result["cpu_after"] = server.call("GET", "/health").json()["cpu"]
-                runs[design].append(result)
+                health = server.call("GET", "/health").json()
+                # What ran: a dynamic server whose second llama-server was refused is the gate.
+                result["cpu_after"] = health["cpu"]
+                result["llama_server_split"] = health.get("llama_server_split")
+                runs[side].append(result)
             finally:
                 server.stop()
     keys = {}
@@ -263,15 +283,15 @@ def rounds(
         ]
         keys["chat_ttft_p50"] = lambda m: m["chat_ttft_seconds"]["p50"]
     ratios = {
-        key: [get(x) / get(y) for x, y in zip(runs[a], runs[b], strict=True)]
+        key: [_ratio(get(x), get(y)) for x, y in zip(*runs, strict=True)]
         for key, get in keys.items()
     }
     return {
         "phase": which,
         "seconds_per_phase": seconds,
-        "designs": [a, b],
+        "designs": list(designs),
         "rounds": n,
-        "runs": runs,
+        "runs": {"a": runs[0], "b": runs[1]},
         "ratios": ratios,
         "ratio_summary": {key: summary(values) for key, values in ratios.items()},
     }

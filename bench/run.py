@@ -54,6 +54,9 @@ def run_suite(name: str, server: Any, args: argparse.Namespace) -> dict[str, Any
     if name == "shared":
         return suites.shared(server, questions=21, rounds=max(2, args.repeats // 10))
     if name == "floor":
+        if args.floor_lengths:
+            lengths = tuple(int(n) for n in args.floor_lengths.split(","))
+            return floor.run(server.url, lengths, repeats=args.repeats)
         return floor.run(server.url, repeats=max(2, args.repeats // 10))
     if name == "prefix":
         return suites.prefix_cache(server, state_tokens=1200, rounds=max(2, args.repeats // 10))
@@ -198,16 +201,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--mixed-designs",
         default=",".join(mixed.DEFAULT_DESIGNS),
-        help=f"of {','.join(mixed.DESIGNS)} (mixed_rounds also {','.join(mixed.OPTIMA)})",
+        help=f"of {','.join(mixed.DESIGNS)}; mixed_rounds: exactly two, also of "
+        f"{','.join(mixed.OPTIMA)}",
     )
     parser.add_argument(
         "--mixed-rounds",
         type=int,
         default=4,
-        help="mixed_rounds: rounds of the first two --mixed-designs",
+        help="mixed_rounds: rounds of the two --mixed-designs (even: each goes first as often)",
     )
     parser.add_argument(
         "--mixed-phase", default="mixed", choices=tuple(mixed.PHASES), help="mixed_rounds' phase"
+    )
+    parser.add_argument(
+        "--floor-lengths",
+        help="floor: these prompt lengths only (e.g. 200), --repeats pairs each, written to "
+        "floor-<lengths>-<tag>.json",
     )
     parser.add_argument("--model", type=Path, help="GGUF to serve (started here)")
     parser.add_argument("--endpoint", help="use a running server instead")
@@ -221,6 +230,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tag", help="name in the results files (default: the model file stem)")
     args = parser.parse_args(argv)
     names = IN_ALL if "all" in args.suites else tuple(args.suites)
+    if "mixed_rounds" in names:
+        wrong = mixed.check_rounds(
+            [d.strip() for d in args.mixed_designs.split(",")], args.mixed_phase
+        )
+        if wrong:
+            parser.error(wrong)
     if not args.endpoint and not args.model:
         parser.error("give --model or --endpoint")
     tag = args.tag or (args.model.stem if args.model else "endpoint")
@@ -239,7 +254,7 @@ def main(argv: list[str] | None = None) -> int:
         elif name == "split":
             result = split.run(args.model)
         elif name == "mixed_rounds":
-            a, b = args.mixed_designs.split(",")[:2]
+            a, b = (d.strip() for d in args.mixed_designs.split(","))
             result = mixed.rounds(
                 args.model, args.mixed_seconds, (a, b), args.mixed_rounds, args.mixed_phase
             )
@@ -262,13 +277,19 @@ def main(argv: list[str] | None = None) -> int:
             result = run_suite(name, server, args)
             result["wall_seconds"] = time.perf_counter() - start
             result["machine"] = common.machine()
-            # What the server ran with (threads per process, CPU sharing), next to the numbers.
-            result["server_cpu"] = common.get_json(server.url + "/health").get("cpu")
+            # What the server ran with (threads per process, CPU sharing, and whether dynamic's
+            # second llama-server ran), next to the numbers.
+            health = common.get_json(server.url + "/health")
+            result["server_cpu"] = health.get("cpu")
+            result["server_split"] = health.get("llama_server_split")
             result["model"] = tag
-            path = common.write(f"{name}-{tag}", result)
+            file_name = name
+            if name == "floor" and args.floor_lengths:  # beside the full run, not over it
+                file_name = f"floor-{args.floor_lengths.replace(',', '-')}"
+            path = common.write(f"{file_name}-{tag}", result)
             if name == "jevbench":
                 suites.plots(result, path.with_suffix(".png"))
-            line = f"- **{name}**: {headline(name, result)}"
+            line = f"- **{file_name}**: {headline(name, result)}"
             print(line, flush=True)
             lines.append(line)
     finally:

@@ -27,9 +27,10 @@ class Startup:
 
     on_fatal: Callable[[], None]
     errors: list[str] = field(default_factory=list)
-    # Why the second llama-server of CPU sharing dynamic was not started (None: it was, or
-    # none was planned); /health shows it.
-    split_skipped: str | None = None
+    # Why CPU sharing dynamic's second llama-server is not running: refused by the memory
+    # check, or its start failed (None: it runs, or is still to start, or none was planned).
+    # /health shows it; nothing retries it.
+    split_not_started: str | None = None
 
 
 @dataclass

@@ -79,6 +79,7 @@ async def _start_llama(app: web.Application, server: LlamaServer, split: bool) -
             "the split llama-server failed to start; chat uses the main one through the gate",
             extra={"event": "llama_server_split_failed", "error": str(exc)},
         )
+        app[STARTUP].split_not_started = f"it failed to start: {exc}"
         return False
 
 
@@ -102,7 +103,7 @@ async def _start_all(app: web.Application, servers: list[LlamaServer]) -> None:
                 "first_server_private_bytes": need,
             },
         )
-        app[STARTUP].split_skipped = "the memory left would not hold it"
+        app[STARTUP].split_not_started = "the memory left would not hold it"
         return
     await _start_llama(app, rest[0], split=True)
 

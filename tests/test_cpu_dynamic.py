@@ -5,6 +5,7 @@ proxy."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -164,11 +165,18 @@ def test_a_second_llama_server_must_fit_beside_the_first(tmp_path: Path) -> None
 
 # In-process: see tests/test_engine.py on aiohttp's warning about plain string request keys.
 @pytest.mark.filterwarnings("ignore::aiohttp.web_exceptions.NotAppKeyWarning")
-def test_no_second_llama_server_where_the_memory_left_would_not_hold_it(
-    model_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+@pytest.mark.parametrize("why", ["memory", "port taken"])
+def test_no_second_llama_server_where_memory_or_its_start_fails(
+    model_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    why: str,
 ) -> None:
     """In-process, the real lifecycle: the main llama-server and the engine start, then the
-    memory check refuses the second one; chat goes on through the main one."""
+    memory check refuses the second one, or its start fails (its port taken by another
+    process); /health says so and why, and chat goes on through the main one."""
+    import socket
+
     from aiohttp.test_utils import TestClient, TestServer
 
     from semif_proxy import lifecycle
@@ -185,33 +193,43 @@ def test_no_second_llama_server_where_the_memory_left_would_not_hold_it(
     settings = load_settings(env, model=str(model_path))
     if settings.threads.sharing != "dynamic":
         pytest.skip("one core here: dynamic plans the gate")
-    monkeypatch.setattr(lifecycle, "memory_room", lambda: 1 << 20)  # 1 MiB left
+    event = "llama_server_split_skipped" if why == "memory" else "llama_server_split_failed"
+    squatter = socket.socket()
+    if why == "memory":
+        monkeypatch.setattr(lifecycle, "memory_room", lambda: 1 << 20)  # 1 MiB left
+    else:
+        assert settings.split_upstream_port is not None
+        squatter.bind(("127.0.0.1", settings.split_upstream_port))
+        squatter.listen()
 
     async def scenario() -> None:
         async with TestClient(TestServer(create_app(settings))) as client:
             for _ in range(1200):
-                if any(
-                    r.__dict__.get("event") == "llama_server_split_skipped" for r in caplog.records
-                ):
+                if any(r.__dict__.get("event") == event for r in caplog.records):
                     break
                 await asyncio.sleep(0.1)
-            [skipped] = [
-                r for r in caplog.records if r.__dict__.get("event") == "llama_server_split_skipped"
-            ]
-            assert skipped.__dict__["memory_left_bytes"] == 1 << 20
-            assert skipped.__dict__["first_server_private_bytes"] > 1 << 20
+            [record] = [r for r in caplog.records if r.__dict__.get("event") == event]
+            if why == "memory":
+                assert record.__dict__["memory_left_bytes"] == 1 << 20
+                assert record.__dict__["first_server_private_bytes"] > 1 << 20
             health = await (await client.get("/health")).json()
-            assert health["llama_server"]["healthy"] and not health["llama_server_split"]["pid"]
-            assert health["llama_server_split"]["state"] == "skipped"
-            assert "memory" in health["llama_server_split"]["skipped"]
+            assert health["status"] == "ok" and health["llama_server"]["healthy"]
+            split = health["llama_server_split"]
+            assert split["state"] == "not started" and not split["healthy"], split
+            assert ("memory" if why == "memory" else "failed to start") in split["why"]
             reply = await client.post(
                 "/v1/chat/completions",
                 json={"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4},
             )
             assert reply.status == 200, await reply.text()
+            cpu = (await (await client.get("/health")).json())["cpu"]
+            assert cpu["split_calls"] == 0
 
-    with caplog.at_level("INFO"):
-        asyncio.run(scenario())
+    try:
+        with caplog.at_level("INFO"):
+            asyncio.run(scenario())
+    finally:
+        squatter.close()
 
 
 # -- the routing, with stand-ins ---------------------------------------------------------------
@@ -504,6 +522,7 @@ def threads_arg(pid: int) -> str:
 
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="dynamic plans the gate on 1 core")
+@pytest.mark.timeout(300)  # three phases, a stall counted unhealthy and a restart
 def test_a_decision_and_chats_at_once_divide_the_cores_and_agree_with_quiet_runs(
     model_path: Path, tmp_path: Path
 ) -> None:
@@ -613,8 +632,12 @@ def test_a_decision_and_chats_at_once_divide_the_cores_and_agree_with_quiet_runs
                     return await asyncio.gather(decide(), one_chat())
 
             answer, text = asyncio.run(during_stall())
+            stalled = server.call("GET", "/health").json()["llama_server_split"]
+            # Still the stalled process: not yet killed as unresponsive (20 probes).
+            assert stalled["pid"] == split_pid and stalled["unresponsive_kills"] == 0, stalled
         finally:
-            os.kill(split_pid, signal.SIGCONT)
+            with contextlib.suppress(ProcessLookupError):  # a failure above may come late
+                os.kill(split_pid, signal.SIGCONT)
         assert answer["result"]["probabilities"] == quiet_decision["result"]["probabilities"]
         assert text.startswith(quiet_text[:20]) and len(text) > 40, text
         assert server.call("GET", "/health").json()["cpu"]["split_calls"] == calls

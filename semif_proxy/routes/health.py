@@ -64,9 +64,9 @@ def _status(app: web.Application) -> tuple[bool, dict[str, Any]]:
         if split is not None:
             # Not part of readiness: while it is down, chat goes to the main one (cpu_dynamic).
             parts["llama_server_split"] = _server_status(split)
-            if app[STARTUP].split_skipped:
+            if app[STARTUP].split_not_started:
                 parts["llama_server_split"].update(
-                    state="skipped", skipped=app[STARTUP].split_skipped
+                    state="not started", why=app[STARTUP].split_not_started
                 )
         ready = ready and ok
     if app[STARTUP].errors:
