@@ -15,7 +15,6 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -23,6 +22,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from semif_proxy import label_tree, native, readout
+from semif_proxy.engine_thread import EngineThread
 from semif_proxy.errors import (
     Cancelled,
     EngineFailure,
@@ -204,8 +204,16 @@ class DecisionEngine:
     # ('",'); the split then moves back a token or two. Any further and the split is refused.
     boundary_slack = 4
 
-    def __init__(self, core: native.Engine, settings: Settings, sha256: str) -> None:
+    def __init__(
+        self,
+        core: native.Engine,
+        settings: Settings,
+        sha256: str,
+        thread: EngineThread | None = None,
+    ) -> None:
         self.core = core
+        # Every forward pass on one thread (engine_thread.py), this constructor's own check too.
+        self.thread = thread or EngineThread()
         self.settings = settings
         self.sha256 = sha256
         self.cache = PrefixCache(settings.prefix_cache_mb * 1024 * 1024)
@@ -218,7 +226,6 @@ class DecisionEngine:
         # batch). On a GPU batching pays and its kernels are not bit-exact anyway.
         self.offloaded = settings.n_gpu_layers != 0 and bool(native.gpu_devices())  # -1: all
         self.branch_mode = "copy" if self.offloaded else "restore"
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="semif-engine")
         self._job_lock = threading.Lock()
         self._current_job: object | None = None
         self._abort_requested_at: float | None = None
@@ -296,15 +303,25 @@ class DecisionEngine:
     def load(cls, settings: Settings, threads: int | None = None) -> DecisionEngine:
         if settings.backend_dir is not None:
             native.load_backends(settings.backend_dir)
-        core = native.Engine(
-            str(settings.model_path),
-            n_ctx=settings.n_ctx,
-            n_threads=threads or settings.threads.engine,
-            n_gpu_layers=settings.n_gpu_layers,
-            n_seq=settings.n_parallel,
-            n_batch=settings.n_batch,
-        )
-        return cls(core, settings, model_sha256(settings.model_path))
+        sha256 = model_sha256(settings.model_path)
+        thread = EngineThread()
+
+        def build() -> DecisionEngine:
+            core = native.Engine(
+                str(settings.model_path),
+                n_ctx=settings.n_ctx,
+                n_threads=threads or settings.threads.engine,
+                n_gpu_layers=settings.n_gpu_layers,
+                n_seq=settings.n_parallel,
+                n_batch=settings.n_batch,
+            )
+            return cls(core, settings, sha256, thread)
+
+        try:
+            return thread.call(build)
+        except BaseException:
+            thread.shutdown()
+            raise
 
     @classmethod
     async def start(cls, settings: Settings, threads: int | None = None) -> DecisionEngine:
@@ -312,7 +329,7 @@ class DecisionEngine:
 
     def close(self) -> None:
         self.core.resume()  # a job parked by the CPU slicer must be able to end
-        self._executor.shutdown(wait=True, cancel_futures=True)
+        self.thread.shutdown()
 
     # -- CPU time-slicing (cpu_slicer.py) ----------------------------------------------------
 
@@ -356,7 +373,9 @@ class DecisionEngine:
         with it: a queued job never starts, a running one stops at the next graph node, so the
         next request starts at once instead of after a prefill nobody will read."""
         job = object()
-        future = asyncio.get_running_loop().run_in_executor(self._executor, self._job, job, fn)
+        future = asyncio.get_running_loop().run_in_executor(
+            self.thread.executor, self._job, job, fn
+        )
         try:
             return await future
         except asyncio.CancelledError:
@@ -520,6 +539,9 @@ class DecisionEngine:
     # -- exactness -------------------------------------------------------------------------------
 
     def check_exactness(self) -> ExactnessCheck:
+        return self.thread.call(self._check_exactness)
+
+    def _check_exactness(self) -> ExactnessCheck:
         """Score the routing example's prompts split (aligned prefix, then each question's
         suffix, as requests are served) and whole (each prompt in one piece, as llama-server
         evaluates it), and compare every letter logit. The promise that a decision gets the
@@ -571,7 +593,10 @@ class DecisionEngine:
     def evaluate(self, questions: Sequence[Question]) -> Evaluation:
         """Score questions that share one state: one prefill per prompt head (letters and
         numbers have their own system text), the questions as branches. A question with one
-        option is answered without the model."""
+        option is answered without the model. On the engine thread, whoever calls."""
+        return self.thread.call(lambda: self._evaluate(questions))
+
+    def _evaluate(self, questions: Sequence[Question]) -> Evaluation:
         if self.unavailable_reason:
             raise Unavailable(self.unavailable_reason)
         start = time.perf_counter()
