@@ -103,6 +103,8 @@ def machine() -> dict[str, Any]:
         "cores": os.cpu_count(),
         "python": sys.version.split()[0],
         "platform": platform.platform(),
+        # When: the code measured changes between runs on the same machine and the same day.
+        "date": time.strftime("%Y-%m-%dT%H:%MZ", time.gmtime()),
     }
 
 

@@ -213,6 +213,8 @@ class DecisionEngine:
     ) -> None:
         self.core = core
         # Every forward pass on one thread (engine_thread.py), this constructor's own check too.
+        # A thread passed in is shared with other engines of the process and outlives this one.
+        self._owns_thread = thread is None
         self.thread = thread or EngineThread()
         self.settings = settings
         self.sha256 = sha256
@@ -300,11 +302,15 @@ class DecisionEngine:
     # -- lifecycle ---------------------------------------------------------------------------
 
     @classmethod
-    def load(cls, settings: Settings, threads: int | None = None) -> DecisionEngine:
+    def load(
+        cls, settings: Settings, threads: int | None = None, thread: EngineThread | None = None
+    ) -> DecisionEngine:
+        """Load on `thread` (a new one when None, owned by the engine), where the engine will
+        run: model load, self-check and every decision on one thread."""
         if settings.backend_dir is not None:
             native.load_backends(settings.backend_dir)
-        sha256 = model_sha256(settings.model_path)
-        thread = EngineThread()
+        owned = thread is None
+        on = thread or EngineThread()
 
         def build() -> DecisionEngine:
             core = native.Engine(
@@ -315,12 +321,16 @@ class DecisionEngine:
                 n_seq=settings.n_parallel,
                 n_batch=settings.n_batch,
             )
-            return cls(core, settings, sha256, thread)
+            # Hashed once the file has loaded: a file that is no model is not read in full.
+            engine = cls(core, settings, model_sha256(settings.model_path), on)
+            engine._owns_thread = owned
+            return engine
 
         try:
-            return thread.call(build)
+            return on.call(build)
         except BaseException:
-            thread.shutdown()
+            if owned:
+                on.shutdown()
             raise
 
     @classmethod
@@ -329,7 +339,8 @@ class DecisionEngine:
 
     def close(self) -> None:
         self.core.resume()  # a job parked by the CPU slicer must be able to end
-        self.thread.shutdown()
+        if self._owns_thread:
+            self.thread.shutdown()
 
     # -- CPU time-slicing (cpu_slicer.py) ----------------------------------------------------
 

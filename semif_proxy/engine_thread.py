@@ -6,8 +6,10 @@ started one. Once the process holds more of those workers than it has cores, lib
 about 100 times at a barrier before it sleeps in the kernel, at every graph node, for the rest
 of the process's life. The engine used to load and self-check on one thread (asyncio's default
 executor) and decide on another: a second pool, and every decision ran about 15 % slower on
-2 cores than the same engine alone (11,000 against 3 voluntary context switches for ten
-200-token prompts; bench `floor`). So the model is loaded, checked and run on this thread only.
+2 cores than the same engine alone (3,637 sleeps in the kernel in four ~900-token decisions
+against a handful; README, Benchmarks). So the model is loaded, checked and run on this thread
+only, and engines that live side by side in one process (`semif-proxy eval` with several
+models) share one.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ T = TypeVar("T")
 
 
 class EngineThread:
+    """One worker thread: jobs queue on it in order; `call` waits for one from elsewhere."""
+
     def __init__(self) -> None:
         self._ident: int | None = None
         self.executor = ThreadPoolExecutor(
@@ -46,7 +50,9 @@ class EngineThread:
         return self.executor.submit(fn).result()
 
     def shutdown(self) -> None:
-        self.executor.shutdown(wait=True, cancel_futures=True)
+        # From the thread itself it cannot wait for its own end.
+        self.executor.shutdown(wait=not self.current, cancel_futures=True)
+        self._ident = None
 
 
 __all__ = ["EngineThread"]

@@ -10,6 +10,7 @@ probabilities (or a failure); the same body goes to each, so they differ only in
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 import urllib.error
@@ -18,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from semif_proxy.engine_thread import EngineThread
 from semif_proxy.jevbench import label_probabilities, predicted_label
 
 SAGEMAKER_PREFIX = "sagemaker:"
@@ -92,6 +94,13 @@ class Target(Protocol):
     def close(self) -> None: ...
 
 
+@functools.cache
+def shared_engine_thread() -> EngineThread:
+    """One engine thread for every model this process evaluates: one OpenMP pool each would
+    slow them all (engine_thread.py)."""
+    return EngineThread()
+
+
 @dataclass
 class LocalTarget:
     """The GGUF in this process: the same services the routes run, without HTTP."""
@@ -113,7 +122,7 @@ class LocalTarget:
         except SettingsError as exc:
             raise TargetError(f"{name}: {exc}") from None
         try:
-            engine = DecisionEngine.load(settings)
+            engine = DecisionEngine.load(settings, thread=shared_engine_thread())
         except (RuntimeError, ValueError) as exc:  # not a GGUF, an architecture libllama lacks
             raise TargetError(f"{name}: the model does not load: {exc}") from None
         return cls(name, path, engine, settings)

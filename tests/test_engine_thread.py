@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from semif_proxy.engine_thread import EngineThread
-from semif_proxy.testing.server import ProxyProcess
+from semif_proxy.testing.server import ProxyProcess, wait_for
 from tests.test_cpu_slicer import long_decision
 
 
@@ -43,25 +43,35 @@ def voluntary_switches(pid: int) -> int:
     return total
 
 
+def settled(server: ProxyProcess) -> bool:
+    """The second llama-server (CPU sharing dynamic) done loading, or not started: its load
+    beside the decisions would preempt their threads and make them sleep for other reasons."""
+    split = server.call("GET", "/health").json().get("llama_server_split")
+    return split is None or split["healthy"] or split["state"] == "not started"
+
+
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="one engine thread: no OpenMP pool")
 def test_a_served_decision_does_not_sleep_at_ggml_barriers(model_path: Path) -> None:
     # The default settings: the engine on every core (an OpenMP team), loaded, self-checked and
-    # deciding in the served process. Measured before the engine thread: about 800 sleeps a
-    # decision of this size (the load's pool beside the decisions' one); after: under 5.
+    # deciding in the served process. Measured on 2 cores before the engine thread: 3,637
+    # sleeps in these 4 decisions (the load's pool beside the decisions' one); after: a few.
     server = ProxyProcess(model_path, {"SEMIF_THREADS": None, "SEMIF_PREFIX_CACHE_MB": "0"})
     server.start()
     try:
         assert server.proc is not None
+        wait_for(lambda: settled(server), 120, "the start has settled")
         decisions = 4
         first = server.call("POST", "/v1/decisions", long_decision("warm"))
         assert first.status == 200, first.body
-        assert first.json()["result"]["model"]["threads"] >= 2
+        threads = first.json()["result"]["model"]["threads"]
+        assert threads >= 2
         before = voluntary_switches(server.proc.pid)
         for n in range(decisions):
             reply = server.call("POST", "/v1/decisions", long_decision(f"d{n}"))
             assert reply.status == 200, reply.body
         slept = voluntary_switches(server.proc.pid) - before
-        # The HTTP side sleeps a few times per request too (its event loop waits on sockets).
-        assert slept < 60 * decisions, f"{slept} sleeps in {decisions} decisions"
+        # Each idle OpenMP worker sleeps once in a while between graphs, and the HTTP side a
+        # few times per request (its event loop waits on sockets): a bound per engine thread.
+        assert slept < 30 * threads * decisions, f"{slept} sleeps in {decisions} decisions"
     finally:
         server.stop()
