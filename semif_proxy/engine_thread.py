@@ -5,8 +5,8 @@ parallel region, and libgomp keeps a separate pool of worker threads for every t
 started one. Once the process holds more of those workers than it has cores, libgomp spins only
 about 100 times at a barrier before it sleeps in the kernel, at every graph node, for the rest
 of the process's life. The engine used to load and self-check on one thread (asyncio's default
-executor) and decide on another: a second pool, and every decision ran about 15 % slower on
-2 cores than the same engine alone (3,637 sleeps in the kernel in four ~900-token decisions
+executor) and decide on another: a second pool, and every decision ran about 10 % slower on
+2 cores than it does now (3,637 sleeps in the kernel in four ~900-token decisions
 against a handful; README, Benchmarks). So the model is loaded, checked and run on this thread
 only, and engines that live side by side in one process (`semif-proxy eval` with several
 models) share one.
