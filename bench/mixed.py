@@ -7,6 +7,10 @@ both at once.
 B A, ...) for several rounds, so a difference between them can be told from this VM's drift:
 each round's ratio A / B, and their spread. A design may be compared with itself: that
 measures the noise.
+Chat clients call back to back by default; with a chat gap each waits a random time before every
+call (uniform, the gap on average, seeded), so chats also arrive while no other chat runs, as
+real traffic does: under `dynamic` such a chat takes its cores from a decision's ubatch in
+progress (preempted).
 Two single-path servers give the optimum each path can reach on this machine: decisions with
 SEMIF_CHAT=off, chat with SEMIF_DECISIONS=off. Decisions are ~350-token prompts on fresh states
 (prefix cache off), chat answers are 64 generated tokens.
@@ -16,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import random
 import time
 from pathlib import Path
 from typing import Any
@@ -90,9 +95,15 @@ async def chat_client(
     until: float,
     out: list[dict[str, float]],
     in_window: list[int],
+    gap: float = 0.0,
 ) -> None:
+    rng = random.Random(n)  # the same gaps for every design
     i = 0
     while time.monotonic() < until:
+        if gap:
+            await asyncio.sleep(min(rng.uniform(0.0, 2 * gap), max(0.0, until - time.monotonic())))
+            if time.monotonic() >= until:
+                break
         i += 1
         start = time.perf_counter()
         first = None
@@ -122,7 +133,9 @@ async def chat_client(
             )
 
 
-async def phase(url: str, decisions: int, chats: int, seconds: float) -> dict[str, Any]:
+async def phase(
+    url: str, decisions: int, chats: int, seconds: float, chat_gap: float = 0.0
+) -> dict[str, Any]:
     """Throughputs count the work done inside the window only: the decisions finished in it,
     plus the elapsed share of each one still running at its end, and the chat tokens received
     in it. (Dividing everything finished by the wall time, tail included, rewarded a design
@@ -138,7 +151,7 @@ async def phase(url: str, decisions: int, chats: int, seconds: float) -> dict[st
         await asyncio.gather(
             *(decision_client(session, url, n, until, lat, spans) for n in range(decisions)),
             *(
-                chat_client(session, url, 100 + n, until, streams, chat_tokens)
+                chat_client(session, url, 100 + n, until, streams, chat_tokens, chat_gap)
                 for n in range(chats)
             ),
         )
@@ -154,7 +167,11 @@ async def phase(url: str, decisions: int, chats: int, seconds: float) -> dict[st
         out["decisions_completed"] = len(lat)
         out["decisions_per_s"] = done / seconds
     if chats:
+        out["chat_gap_seconds"] = chat_gap
         out["chat_ttft_seconds"] = summary([s["ttft"] for s in streams])
+        # Every one: a round has a dozen chats, so its p95 is its largest or next one; the
+        # rounds' together give a tail worth the name.
+        out["chat_ttfts"] = [s["ttft"] for s in streams]
         out["chat_tokens_per_s_per_stream"] = summary([s["tokens_per_s"] for s in streams])
         out["chat_calls_completed"] = len(streams)
         out["chat_tokens_per_s_total"] = chat_tokens[0] / seconds
@@ -179,6 +196,8 @@ DESIGNS: dict[str, dict[str, str | None]] = {
     "gate": {"SEMIF_CPU_SHARING": "gate"},
     "dynamic": {"SEMIF_CPU_SHARING": "dynamic"},
     "split": {"SEMIF_CPU_SHARING": "split"},
+    # The engine's ubatch before it became 256 tokens on the CPU.
+    "dynamic-ub512": {"SEMIF_CPU_SHARING": "dynamic", "SEMIF_UBATCH_SIZE": "512"},
     "none": {"SEMIF_CPU_SHARING": "none"},
     # Both processes' OpenMP threads sleep at barriers instead of spinning.
     "none-passive": {"SEMIF_CPU_SHARING": "none", "OMP_WAIT_POLICY": "passive"},
@@ -252,19 +271,25 @@ def _ratio(x: float, y: float) -> float:
 
 
 def rounds(
-    model: Path, seconds: float, designs: tuple[str, str], n: int, which: str = "mixed"
+    model: Path,
+    seconds: float,
+    designs: tuple[str, str],
+    n: int,
+    which: str = "mixed",
+    chat_gap: float = 0.0,
 ) -> dict:
     """One phase (`which`: mixed, decisions or chat alone), `n` rounds of the two designs in
     alternating order; ratios of the first over the second per round (decisions/s, chat
-    tokens/s: higher is better; TTFT, decision p50: lower is better). A design may be one of
-    OPTIMA, e.g. dynamic against chat_off with decisions alone."""
+    tokens/s: higher is better; TTFT, decision p50: lower is better), and each design's
+    first-token times of all rounds together. A design may be one of OPTIMA, e.g. dynamic
+    against chat_off with decisions alone."""
     decisions, chats = PHASES[which]
     runs: tuple[list[dict[str, Any]], list[dict[str, Any]]] = ([], [])  # by position: A may be B
     for i in range(n):
         for side in (0, 1) if i % 2 == 0 else (1, 0):
             server = serve(model, {**DESIGNS, **OPTIMA}[designs[side]])
             try:
-                result = asyncio.run(phase(server.url, decisions, chats, seconds))
+                result = asyncio.run(phase(server.url, decisions, chats, seconds, chat_gap))
                 health = server.call("GET", "/health").json()
                 # What ran: a dynamic server whose second llama-server was refused is the gate.
                 result["cpu_after"] = health["cpu"]
@@ -282,16 +307,25 @@ def rounds(
             "p50"
         ]
         keys["chat_ttft_p50"] = lambda m: m["chat_ttft_seconds"]["p50"]
+        keys["chat_ttft_p95"] = lambda m: m["chat_ttft_seconds"]["p95"]
     ratios = {
         key: [_ratio(get(x), get(y)) for x, y in zip(*runs, strict=True)]
         for key, get in keys.items()
     }
+    pooled: dict[str, dict[str, float]] = {}
+    if chats:
+        pooled = {
+            side: summary([t for m in runs[i] for t in m["chat_ttfts"]])
+            for i, side in enumerate(("a", "b"))
+        }
     return {
         "phase": which,
         "seconds_per_phase": seconds,
+        "chat_gap_seconds": chat_gap,
         "designs": list(designs),
         "rounds": n,
         "runs": {"a": runs[0], "b": runs[1]},
         "ratios": ratios,
         "ratio_summary": {key: summary(values) for key, values in ratios.items()},
+        "chat_ttft_pooled": pooled,
     }

@@ -109,13 +109,25 @@ def headline(name: str, r: dict[str, Any]) -> str:
             "chat_tokens_per_s_total": "chat tokens/s in all",
             "chat_tokens_per_s_per_stream_p50": "chat tokens/s per stream",
             "chat_ttft_p50": "TTFT p50",
+            "chat_ttft_p95": "TTFT p95",
         }
         parts = [
             f"{labels[key]} {a}/{b} median {r['ratio_summary'][key]['p50']:.2f}x "
             f"(rounds: {', '.join(f'{v:.2f}' for v in values)})"
             for key, values in r["ratios"].items()
         ]
-        return f"{r['rounds']} rounds of the {r['phase']} phase: " + "; ".join(parts)
+        pooled = r.get("chat_ttft_pooled") or {}
+        if pooled:
+            parts.append(
+                "TTFT of all rounds p50/p95/max "
+                + ", ".join(
+                    f"{d} {pooled[s]['p50']:.2f}/{pooled[s]['p95']:.2f}/{pooled[s]['max']:.2f} s"
+                    for d, s in ((a, "a"), (b, "b"))
+                )
+            )
+        gap = r.get("chat_gap_seconds") or 0
+        what = f"{r['rounds']} rounds of the {r['phase']} phase"
+        return what + (f", chat gap {gap:g} s" if gap else "") + ": " + "; ".join(parts)
     if name == "mixed":
         parts = []
         for design, d in r["designs"].items():
@@ -214,6 +226,12 @@ def main(argv: list[str] | None = None) -> int:
         "--mixed-phase", default="mixed", choices=tuple(mixed.PHASES), help="mixed_rounds' phase"
     )
     parser.add_argument(
+        "--mixed-chat-gap",
+        type=float,
+        default=0.0,
+        help="mixed_rounds: chat clients wait this long on average before each call (0: none)",
+    )
+    parser.add_argument(
         "--floor-lengths",
         help="floor: these prompt lengths only (e.g. 200), --repeats pairs each, written to "
         "floor-<lengths>-<tag>.json",
@@ -255,10 +273,13 @@ def main(argv: list[str] | None = None) -> int:
             result = split.run(args.model)
         elif name == "mixed_rounds":
             a, b = (d.strip() for d in args.mixed_designs.split(","))
+            gap = args.mixed_chat_gap
             result = mixed.rounds(
-                args.model, args.mixed_seconds, (a, b), args.mixed_rounds, args.mixed_phase
+                args.model, args.mixed_seconds, (a, b), args.mixed_rounds, args.mixed_phase, gap
             )
             file_name = f"mixed_rounds-{args.mixed_phase}-{a}-{b}"  # one file per comparison
+            if gap:
+                file_name += f"-gap{gap:g}"
         else:
             designs = tuple(args.mixed_designs.split(","))
             result = mixed.run(args.model, args.mixed_seconds, designs)

@@ -54,6 +54,7 @@ Engine::Engine(const EngineConfig& config) : config_(config) {
     if (config.n_ctx < 8) throw LlamaError(kBadArgument, "n_ctx must be at least 8");
     if (config.n_seq < 3) throw LlamaError(kBadArgument, "n_seq must be at least 3");
     if (config.n_batch < 1) throw LlamaError(kBadArgument, "n_batch must be at least 1");
+    if (config.n_ubatch < 1) throw LlamaError(kBadArgument, "n_ubatch must be at least 1");
     check_gguf_file(config.model_path);
     take_last_error();
 
@@ -72,7 +73,7 @@ Engine::Engine(const EngineConfig& config) : config_(config) {
     llama_context_params cparams = llama_context_default_params();
     cparams.n_ctx = static_cast<uint32_t>(config.n_ctx);
     cparams.n_batch = static_cast<uint32_t>(std::min(config.n_batch, config.n_ctx));
-    cparams.n_ubatch = std::min<uint32_t>(cparams.n_batch, 512);
+    cparams.n_ubatch = std::min<uint32_t>(cparams.n_batch, static_cast<uint32_t>(config.n_ubatch));
     cparams.n_seq_max = static_cast<uint32_t>(config.n_seq);
     cparams.n_threads = n_threads_;
     cparams.n_threads_batch = n_threads_;
@@ -95,6 +96,13 @@ Engine::Engine(const EngineConfig& config) : config_(config) {
     threads_applied_ = n_threads_;
     n_seq_ = static_cast<int32_t>(llama_n_seq_max(ctx_.get()));
     cell_align_ = attention_cell_align();
+    // A preempted ubatch is taken back and evaluated again (decode_or_throw): exact only where
+    // every cell it wrote can be removed again and nothing else moved. A sliding-window cache
+    // drops cells that leave the window as the ubatch goes in, and a recurrent state cannot be
+    // cut back; those models finish the ubatch in progress instead (a chat waits for it).
+    preemptible_ = llama_model_n_swa(model_.get()) == 0 &&
+                   !llama_model_is_recurrent(model_.get()) &&
+                   !llama_model_is_hybrid(model_.get());
 }
 
 llama_token Engine::bos() const { return llama_vocab_bos(vocab_); }
@@ -203,7 +211,15 @@ void Engine::check_fits(size_t prefix, size_t suffix, size_t n_branches) const {
 bool Engine::abort_requested(void* self) {
     auto* engine = static_cast<Engine*>(self);
     if (engine->pause_.load(std::memory_order_acquire)) engine->park();
-    return engine->abort_.load(std::memory_order_relaxed);
+    return engine->abort_.load(std::memory_order_relaxed) || engine->preempted();
+}
+
+bool Engine::preempted() const {
+    // Asked for fewer threads than the ubatch in progress runs on: another process needs the
+    // cores now, not when the ubatch ends. decode_or_throw evaluates it again on the new count.
+    if (!preemptible_) return false;
+    const int32_t wanted = threads_wanted_.load(std::memory_order_seq_cst);
+    return wanted > 0 && wanted < threads_now_.load(std::memory_order_seq_cst);
 }
 
 void Engine::park() {
@@ -248,24 +264,67 @@ void Engine::check_abort() {
     throw LlamaError(kAborted, "aborted: the request was cancelled");
 }
 
-void Engine::decode_or_throw(const Batch& batch, const char* what) {
-    check_abort();
-    // Published as "every core" before the wanted count is read (both seq_cst, as in
-    // set_threads): a caller that lowers the count and then reads threads_now either sees
-    // this call at its full count or has its lower count applied to it; never a 0 in between.
-    threads_now_.store(std::max(n_threads_, threads_applied_), std::memory_order_seq_cst);
-    const int32_t wanted = threads_wanted_.load(std::memory_order_seq_cst);
-    const int32_t threads = wanted > 0 ? wanted : n_threads_;
-    if (threads != threads_applied_) {
-        // On the job's own thread, between calls: the context reads it when the next graph
-        // is computed.
-        llama_set_n_threads(ctx_.get(), threads, threads);
-        threads_applied_ = threads;
+void Engine::take_back(const Batch& batch) {
+    // llama_decode removes a failed ubatch's cells by each token's first sequence only; a label
+    // tree's token shared by several sequences would keep its cell for the others, and the
+    // batch sent again would be refused (a position that repeats). So every sequence of every
+    // token loses its cells from its lowest position in the batch on: the batch holds each
+    // sequence's newest positions (prefix cells, copied to the branches, sit below them).
+    const llama_batch& b = batch.get();
+    std::vector<llama_pos> from(static_cast<size_t>(n_seq_), -1);
+    for (int32_t i = 0; i < b.n_tokens; ++i) {
+        for (int32_t k = 0; k < b.n_seq_id[i]; ++k) {
+            llama_pos& p = from[static_cast<size_t>(b.seq_id[i][k])];
+            if (p < 0 || b.pos[i] < p) p = b.pos[i];
+        }
     }
-    threads_now_.store(threads, std::memory_order_release);
-    const int32_t rc = llama_decode(ctx_.get(), batch.get());
-    threads_now_.store(0, std::memory_order_release);
-    if (rc == 2) check_abort();  // llama_decode's code for "aborted by the callback"
+    llama_memory_t mem = llama_get_memory(ctx_.get());
+    bool ok = true;
+    for (llama_seq_id s = 0; s < n_seq_; ++s) {
+        const llama_pos p = from[static_cast<size_t>(s)];
+        if (p < 0) continue;
+        ok = llama_memory_seq_rm(mem, s, p, -1) && ok;
+        // What the sequence held before the batch, exactly: nothing at or past its first token.
+        ok = ok && llama_memory_seq_pos_max(mem, s) < p;
+    }
+    if (!ok) {
+        llama_memory_clear(mem, true);
+        seq0_.clear();
+        prefix_logits_.clear();
+        throw LlamaError(kStateFailed, "could not take back a preempted batch");
+    }
+}
+
+void Engine::decode_or_throw(const Batch& batch, const char* what) {
+    int32_t rc = 0;
+    do {
+        check_abort();
+        // Published as "every core" before the wanted count is read (both seq_cst, as in
+        // set_threads): a caller that lowers the count and then reads threads_now either sees
+        // this call at its full count or has its lower count applied to it; never a 0 between.
+        threads_now_.store(std::max(n_threads_, threads_applied_), std::memory_order_seq_cst);
+        const int32_t wanted = threads_wanted_.load(std::memory_order_seq_cst);
+        const int32_t threads = wanted > 0 ? wanted : n_threads_;
+        if (threads != threads_applied_) {
+            // On the job's own thread, between calls: the context reads it when the next graph
+            // is computed.
+            llama_set_n_threads(ctx_.get(), threads, threads);
+            threads_applied_ = threads;
+        }
+        threads_now_.store(threads, std::memory_order_seq_cst);
+        const LogMark mark = log_mark();
+        rc = llama_decode(ctx_.get(), batch.get());
+        threads_now_.store(0, std::memory_order_release);
+        if (rc == 2) {  // llama_decode's code for "aborted by the callback"
+            check_abort();
+            // Not aborted: preempted (fewer threads wanted). Its cells are removed again, so
+            // the same batch goes to the same free cells on the new count and gives the same
+            // numbers (tested bit for bit); the work lost is what the ubatch had done so far.
+            preempts_.fetch_add(1, std::memory_order_relaxed);
+            drop_log_lines_since(mark);  // its "failed to compute" lines: expected here
+            take_back(batch);
+        }
+    } while (rc == 2);
     if (rc != 0) {
         // The memory may hold part of the batch now; forget everything rather than guess.
         llama_memory_clear(llama_get_memory(ctx_.get()), true);

@@ -57,6 +57,10 @@ struct EngineConfig {
     // llama_flash_attn_type; off by default: the CPU flash-attention kernels change their
     // accumulation with the batch shape, which would make results depend on batching.
     int32_t flash_attn = 0;
+    // Tokens per llama_decode call (capped by n_batch). On the CPU a small one bounds the work
+    // a preemption throws away (set_threads), and a chat's wait where there is none. CPU
+    // results do not depend on it (tested).
+    int32_t n_ubatch = 512;
 };
 
 // How score() places the suffixes (see the comment at the top of this file).
@@ -116,6 +120,7 @@ public:
     int32_t n_vocab() const { return n_vocab_; }
     int32_t n_ctx() const { return n_ctx_; }
     int32_t n_threads() const { return n_threads_; }
+    int32_t n_ubatch() const { return n_ubatch_; }
     int32_t cell_align() const { return static_cast<int32_t>(cell_align_); }
     const EngineConfig& config() const { return config_; }
     llama_token bos() const;
@@ -172,10 +177,15 @@ public:
 
     // Sharing the cores with a llama-server that runs at the same time (any thread): the
     // thread count for the next llama_decode call (0: the configured n_threads). Every
-    // llama_decode call holds one ubatch (prefix, option suffixes, labels), so a change
-    // applies within one ubatch. Results do not depend on it (each output element is
-    // computed whole by one thread; tested).
+    // llama_decode call holds one ubatch (prefix, option suffixes, labels). A lower count
+    // preempts the ubatch in progress at its next graph node, which is taken back and
+    // evaluated again on the new count (so the cores are free within milliseconds; not on
+    // sliding-window or recurrent models, see the constructor); a higher one applies from the
+    // next ubatch. Results do not depend on it (each output element is computed whole by one
+    // thread; tested).
     void set_threads(int32_t n) { threads_wanted_.store(n, std::memory_order_seq_cst); }
+    // How many ubatches were preempted by a lower thread count and evaluated again.
+    uint64_t preempts() const { return preempts_.load(std::memory_order_relaxed); }
     // The thread count of the llama_decode call in progress; 0 when none runs.
     int32_t threads_now() const { return threads_now_.load(std::memory_order_seq_cst); }
 
@@ -188,6 +198,8 @@ private:
     using LogitsSink = std::function<void(size_t branch, size_t token_index, const float* row)>;
 
     static bool abort_requested(void* self);
+    bool preempted() const;
+    void take_back(const Batch& batch);
     void park();
     void check_abort();
     void check_token_ids(const std::vector<llama_token>& tokens, const char* what) const;
@@ -218,10 +230,12 @@ private:
     std::atomic<bool> pause_{false};
     std::atomic<bool> parked_{false};
     std::atomic<uint64_t> parks_{0};
+    std::atomic<uint64_t> preempts_{0};
     std::atomic<int32_t> threads_wanted_{0};
     std::atomic<int32_t> threads_now_{0};
     int32_t threads_applied_ = 0;  // what the context was last set to (job thread only)
     int32_t n_ubatch_ = 0;
+    bool preemptible_ = false;  // see the constructor
     std::mutex pause_mutex_;  // pause_cv_'s; apart from mutex_, which the job itself holds
     std::condition_variable pause_cv_;
     std::mutex mutex_;

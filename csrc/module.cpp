@@ -152,17 +152,19 @@ PYBIND11_MODULE(_engine, m) {
 
     py::class_<Engine>(m, "Engine")
         .def(py::init([](const std::string& model_path, int32_t n_ctx, int32_t n_threads,
-                         int32_t n_gpu_layers, int32_t n_seq, int32_t n_batch, int32_t flash_attn) {
-                 EngineConfig cfg{model_path, n_ctx, n_threads, n_gpu_layers, n_seq, n_batch,
-                                  flash_attn};
+                         int32_t n_gpu_layers, int32_t n_seq, int32_t n_batch, int32_t flash_attn,
+                         int32_t n_ubatch) {
+                 EngineConfig cfg{model_path, n_ctx,   n_threads,  n_gpu_layers,
+                                  n_seq,      n_batch, flash_attn, n_ubatch};
                  return unlocked([&] { return new Engine(cfg); });
              }),
              py::arg("model_path"), py::arg("n_ctx") = 4096, py::arg("n_threads") = 0,
              py::arg("n_gpu_layers") = 0, py::arg("n_seq") = 8, py::arg("n_batch") = 2048,
-             py::arg("flash_attn") = 0)
+             py::arg("flash_attn") = 0, py::arg("n_ubatch") = 512)
         .def_property_readonly("n_vocab", &Engine::n_vocab)
         .def_property_readonly("n_ctx", &Engine::n_ctx)
         .def_property_readonly("n_threads", &Engine::n_threads)
+        .def_property_readonly("n_ubatch", &Engine::n_ubatch)
         .def_property_readonly("cell_align", &Engine::cell_align)
         .def_property_readonly("n_gpu_layers", [](const Engine& e) { return e.config().n_gpu_layers; })
         .def_property_readonly("model_path", [](const Engine& e) { return e.config().model_path; })
@@ -280,7 +282,10 @@ PYBIND11_MODULE(_engine, m) {
         .def_property_readonly("parks", &Engine::parks,
                                "How many times a job has parked since the engine was made.")
         .def("set_threads", &Engine::set_threads, py::arg("n"),
-             "Threads for the next llama_decode call, 0 for the configured count (any thread).")
+             "Threads for the next llama_decode call, 0 for the configured count (any thread); "
+             "a lower count preempts the call in progress, which runs again on it.")
+        .def_property_readonly("preempts", &Engine::preempts,
+                               "llama_decode calls preempted by a lower thread count, run again.")
         .def_property_readonly("threads_now", &Engine::threads_now,
                                "Threads of the llama_decode call in progress; 0 when none.");
 

@@ -3,9 +3,10 @@ alone, the cores divided while both run.
 
 Two llama-servers serve chat, sharing the model's mmap'ed weights: the main one with every
 core, and a split one with half of them. The engine changes its thread count between ubatches
-(DecisionEngine.set_threads). So the machine is always in one of three states, and no core is
-ever asked to run two compute threads (ggml's threads spin at every graph node; two on one
-core slow each other many times over):
+(DecisionEngine.set_threads); a lower count preempts the ubatch in progress at its next graph
+node, which is evaluated again on the lower count (same numbers, tested). So the machine is
+always in one of three states, and no core is ever asked to run two compute threads (ggml's
+threads spin at every graph node; two on one core slow each other many times over):
 
 - decisions alone: the engine with every core;
 - chat alone: the main llama-server with every core;
@@ -18,10 +19,11 @@ done together than one job at a time on all of them.
 
 The moves between states wait for what runs to leave the cores it needs: a decision waits for
 the chats on the main llama-server to end (as at the gate); a chat sent to the split one waits
-for those too, and for the engine's llama_decode call in progress if that runs on every core
-(one ubatch). A chat goes to the split llama-server while decisions are in flight and it is
-healthy; otherwise to the main one through the gate, once no chat is left on the split one
-(so chat alone gets every core back after a mixed spell, and while the split llama-server is
+for those too, and for the engine to leave the cores of its llama_decode call in progress if
+that runs on every core (milliseconds: the call is preempted and evaluated again on the
+engine's share). A chat goes to the split llama-server while decisions are in flight and it is
+healthy; otherwise to the main one through the gate, once no chat is left on the split one (so
+chat alone gets every core back after a mixed spell, and while the split llama-server is
 starting, restarting or stalled, two probes missed, chat still has the main one). Chats wait
 for that drain DRAIN_GRACE_S at most, then join the split one's chats.
 """
@@ -222,8 +224,9 @@ class CpuDynamicSplit:
         a chat sent there after the drain grace)."""
         if self._free():
             return True
-        # Polled: the engine's thread count changes in C++ between ubatches, with no event
-        # to wait on; the wait is at most one ubatch (or the main llama-server's chats).
+        # Polled: the engine's thread count changes in C++ (its ubatch in progress preempted at
+        # a graph node), with no event to wait on; milliseconds, or the main llama-server's
+        # chats.
         self.split_waits += 1
         self._split_waiting += 1
         try:

@@ -296,6 +296,7 @@ class DecisionEngine:
             "llama_cpp_build": native.build_info()["llama_cpp_build"],
             "n_gpu_layers": core.n_gpu_layers,
             "threads": core.n_threads,
+            "ubatch": core.n_ubatch,  # tokens per llama_decode call (SEMIF_UBATCH_SIZE)
             "context_size": core.n_ctx,
         }
 
@@ -320,6 +321,7 @@ class DecisionEngine:
                 n_gpu_layers=settings.n_gpu_layers,
                 n_seq=settings.n_parallel,
                 n_batch=settings.n_batch,
+                n_ubatch=settings.engine_ubatch,
             )
             # Hashed once the file has loaded: a file that is no model is not read in full.
             engine = cls(core, settings, model_sha256(settings.model_path), on)
@@ -364,8 +366,14 @@ class DecisionEngine:
     # -- a dynamic split of the CPU (cpu_dynamic.py) -----------------------------------------
 
     def set_threads(self, n: int) -> None:
-        """Threads from the next ubatch on; 0: the count the engine was loaded with."""
+        """Threads from the next ubatch on; 0: the count the engine was loaded with. A lower
+        count preempts the ubatch in progress, which runs again on it (csrc/engine.h)."""
         self.core.set_threads(n)
+
+    @property
+    def preempts(self) -> int:
+        """Ubatches preempted by a lower thread count and evaluated again."""
+        return self.core.preempts
 
     @property
     def threads_now(self) -> int:

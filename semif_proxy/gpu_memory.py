@@ -43,7 +43,7 @@ MiB = 1 << 20
 GiB = 1 << 30
 MARGIN = 1 * GiB  # llama.cpp's --fit-target default: what it leaves free on each device
 CUDA_OVERHEAD = 512 * MiB  # CUDA context, cuBLAS handles and workspace, ggml's pool slack
-N_UBATCH = 512  # the engine's micro-batch (csrc/engine.cpp) and llama-server's default
+N_UBATCH = 512  # llama-server's default micro-batch (the engine's: Settings.engine_ubatch)
 # Bytes per element of llama.cpp's KV cache types (quantized types: block bytes / 32 values).
 KV_TYPE_BYTES = {
     "f32": 4.0,
@@ -320,7 +320,7 @@ def engine_process(settings: Settings) -> Process:
         settings.n_gpu_layers,
         settings.n_ctx,
         flash_attn=False,  # always off in the engine (csrc/engine.cpp, README "The method")
-        n_ubatch=min(settings.n_batch, N_UBATCH),
+        n_ubatch=settings.engine_ubatch,
         layers_setting=f"SEMIF_N_GPU_LAYERS={settings.n_gpu_layers}",
         ctx_setting=f"SEMIF_CTX_SIZE={settings.n_ctx}",
     )

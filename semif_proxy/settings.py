@@ -25,6 +25,9 @@ from semif_proxy.position_prior import from_json as position_prior_from_json
 from semif_proxy.prompt import MAX_OPTIONS, labels_for
 
 DEFAULT_MAX_BODY_BYTES = 6 << 20
+# The engine's default tokens per llama_decode call (SEMIF_UBATCH_SIZE), by device.
+UBATCH_CPU = 256
+UBATCH_GPU = 512
 
 
 class SettingsError(ValueError):
@@ -82,6 +85,8 @@ class Settings(BaseModel):
     # Sequences: the prefix, at least one branch and the alignment filler need three.
     n_parallel: int = Field(8, ge=3, le=64)
     n_batch: int = Field(2048, ge=32, le=1 << 16)
+    # Tokens per llama_decode call; 0: UBATCH_CPU on the CPU, UBATCH_GPU with layers offloaded.
+    n_ubatch: int = Field(0, ge=0, le=1 << 16)
     # Where ggml's loadable backends are (GGML_BACKEND_DL builds); None: libllama's folder.
     backend_dir: Path | None = None
     temperature: Temperature = Temperature()
@@ -153,6 +158,16 @@ class Settings(BaseModel):
         )
 
     @property
+    def engine_ubatch(self) -> int:
+        """The engine's tokens per llama_decode call. On the CPU, under `dynamic` sharing, a chat
+        preempts the call in progress and its work so far is lost: 256 bounds that loss while a
+        prompt of up to 256 tokens still goes in one call, as llama-server's would (shorter
+        calls cost a few per cent at ~200 tokens here, README "CPU sharing"). The GPU wants big
+        ones, and shares no cores."""
+        wanted = self.n_ubatch or (UBATCH_GPU if self.n_gpu_layers else UBATCH_CPU)
+        return min(wanted, self.n_batch)
+
+    @property
     def prompt_token_limit(self) -> int:
         return self.max_prompt_tokens or self.n_ctx
 
@@ -191,6 +206,7 @@ _ENV: dict[str, tuple[str, tuple[str, ...]]] = {
     ),
     "n_parallel": ("SEMIF_PARALLEL", ()),
     "n_batch": ("SEMIF_BATCH_SIZE", ()),
+    "n_ubatch": ("SEMIF_UBATCH_SIZE", ()),
     "backend_dir": ("SEMIF_GGML_BACKEND_DIR", ()),
     # The calibration (temperatures and position priors); SEMIF_TEMPERATURE is its old name.
     "temperature": ("SEMIF_CALIBRATION", ("SEMIF_TEMPERATURE",)),

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import os
 import signal
 import threading
@@ -32,7 +33,7 @@ def test_the_thread_count_changes_between_ubatches_and_no_bit_moves(
     engine: native.Engine,
 ) -> None:
     prompt = engine.tokenize(LONG_STATE, add_special=True)
-    assert len(prompt) > 512
+    assert len(prompt) > engine.n_ubatch
     ids = [engine.tokenize(c, parse_special=False)[0] for c in "ABCD"]
 
     def fresh(threads: int) -> tuple:
@@ -53,17 +54,107 @@ def test_the_thread_count_changes_between_ubatches_and_no_bit_moves(
         seen: set[int] = set()
         engine.set_threads(2)
         engine.reset()
+        preempts = engine.preempts
         out: dict = {}
         job = threading.Thread(target=lambda: out.update(r=engine.score(prompt, [[]], ids)))
         job.start()
         wait_for(lambda: engine.threads_now == 2, 60, "the first ubatch runs on 2 threads")
         engine.set_threads(1)
+        # The ubatch in progress gives the cores up at its next graph node, not at its end.
+        wait_for(lambda: engine.threads_now in (0, 1), 1.0, "the ubatch preempted")
         while job.is_alive():
             seen.add(engine.threads_now)
         job.join()
         assert 1 in seen, "no ubatch ran on 1 thread after the change"
+        assert engine.preempts == preempts + 1
         np.testing.assert_array_equal(out["r"][0], two[0])
+        np.testing.assert_array_equal(out["r"][1], two[1])
         assert engine.threads_now == 0
+    finally:
+        engine.set_threads(0)
+        engine.reset()
+
+
+def test_a_preempted_batch_of_option_suffixes_gives_the_same_bits(
+    engine: native.Engine, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Preempted in the suffixes' ubatch (several sequences, the prefix held): llama_decode
+    removes that ubatch's cells, and the batch evaluated again on one thread lands where it
+    would have, with the numbers an uninterrupted one gives."""
+    prefix = engine.tokenize("<|im_start|>user\nPick one.", add_special=True)
+    words = engine.tokenize(LONG_STATE)
+    suffixes = [words[i * 70 : (i + 1) * 70] for i in range(6)]  # ~420 tokens
+    ids = [engine.tokenize(c, parse_special=False)[0] for c in "ABCD"]
+    try:
+        engine.set_threads(0)
+        engine.reset()
+        whole = engine.score(prefix, suffixes, ids)
+        engine.set_threads(2)
+        preempts = engine.preempts
+        out: dict = {}
+        # The prefix is held (reused): the call decodes the suffixes only.
+        job = threading.Thread(target=lambda: out.update(r=engine.score(prefix, suffixes, ids)))
+        with caplog.at_level(logging.DEBUG, logger="semif_proxy.llama"):
+            job.start()
+            wait_for(lambda: engine.threads_now == 2, 60, "the suffixes' ubatch on 2 threads")
+            engine.set_threads(1)
+            job.join()
+        assert out["r"][2]["prefix_reused"] == len(prefix)
+        assert engine.preempts == preempts + 1
+        # llama_decode's "failed to compute" lines for it are dropped: nothing failed.
+        alarms = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+        assert not alarms, alarms
+        np.testing.assert_array_equal(out["r"][0], whole[0])
+        np.testing.assert_array_equal(out["r"][1], whole[1])
+        # And the engine goes on as before: the same question again, on every core.
+        engine.set_threads(0)
+        again = engine.score(prefix, suffixes, ids)
+        np.testing.assert_array_equal(again[0], whole[0])
+    finally:
+        engine.set_threads(0)
+        engine.reset()
+
+
+def test_a_preempted_label_tree_gives_the_same_bits(engine: native.Engine) -> None:
+    """Preempted in a label tree's ubatch, whose shared nodes belong to several sequences at
+    once: llama_decode takes back only each token's first sequence, the engine the rest, and
+    the batch sent again is accepted and gives the same numbers."""
+    prefix = engine.tokenize("<|im_start|>user\nPick a number.", add_special=True)
+    words = engine.tokenize(LONG_STATE)
+    # A trunk of 200 nodes shared by all 7 leaves (every branch sequence), then 7 limbs of 30.
+    trunk, limb = 200, 30
+    tokens = words[:trunk]
+    parent = [i - 1 for i in range(trunk)]
+    for leg in range(7):
+        start = len(tokens)
+        tokens += words[trunk + leg * limb : trunk + (leg + 1) * limb]
+        parent += [trunk - 1] + [start + i for i in range(limb - 1)]
+    ids = [[tokens[i + 1] if i + 1 < len(tokens) else tokens[0]] for i in range(len(tokens))]
+    root_ids = [tokens[0], tokens[1]]
+    try:
+        engine.set_threads(0)
+        engine.reset()
+        whole = engine.score_tree(prefix, [], tokens, parent, ids, root_ids)
+        engine.set_threads(2)
+        preempts = engine.preempts
+        out: dict = {}
+
+        def tree() -> None:  # the prefix is held: the call decodes the tree only
+            out["r"] = engine.score_tree(prefix, [], tokens, parent, ids, root_ids)
+
+        job = threading.Thread(target=tree)
+        job.start()
+        wait_for(lambda: engine.threads_now == 2, 60, "the tree's ubatch runs on 2 threads")
+        engine.set_threads(1)
+        job.join()
+        assert "r" in out, "the preempted tree failed"
+        assert engine.preempts == preempts + 1
+        root, root_lse, nodes, node_lse, _ = out["r"]
+        np.testing.assert_array_equal(root, whole[0])
+        assert root_lse == whole[1]
+        for got, want in zip(nodes, whole[2], strict=True):
+            np.testing.assert_array_equal(got, want)
+        np.testing.assert_array_equal(node_lse, whole[3])
     finally:
         engine.set_threads(0)
         engine.reset()

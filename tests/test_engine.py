@@ -18,6 +18,7 @@ from semif_proxy.examples import ROUTING_OPTIONS as OPTIONS
 from semif_proxy.examples import ROUTING_STATE as STATE
 from semif_proxy.prompt import LETTERS, SYSTEM_TEXT
 from semif_proxy.schemas import Decision, Option
+from semif_proxy.settings import UBATCH_CPU, UBATCH_GPU
 from tests.conftest import GPU_LAYERS, engine_settings
 from tests.helpers.app_client import settled_ping
 
@@ -243,6 +244,12 @@ def test_prompt_token_limits(model_path: Path) -> None:
         assert err.value.extra["limit"] == 200 and err.value.extra["tokens"] > 200
     finally:
         engine.close()
+
+
+def test_the_engine_runs_the_ubatch_its_device_wants(decision_engine: DecisionEngine) -> None:
+    # Loaded from settings with no SEMIF_UBATCH_SIZE: 256 on the CPU, 512 with GPU offload.
+    want = UBATCH_GPU if GPU_LAYERS else UBATCH_CPU
+    assert decision_engine.core.n_ubatch == decision_engine.model_info["ubatch"] == want
 
 
 def test_server_default_permutations_apply_to_decisions(model_path: Path) -> None:

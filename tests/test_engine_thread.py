@@ -10,7 +10,9 @@ from pathlib import Path
 import pytest
 
 from semif_proxy.engine_thread import EngineThread
+from semif_proxy.settings import UBATCH_CPU, UBATCH_GPU
 from semif_proxy.testing.server import ProxyProcess, wait_for
+from tests.conftest import GPU_LAYERS
 from tests.test_cpu_slicer import long_decision
 
 
@@ -63,8 +65,11 @@ def test_a_served_decision_does_not_sleep_at_ggml_barriers(model_path: Path) -> 
         decisions = 4
         first = server.call("POST", "/v1/decisions", long_decision("warm"))
         assert first.status == 200, first.body
-        threads = first.json()["result"]["model"]["threads"]
+        model = first.json()["result"]["model"]
+        threads = model["threads"]
         assert threads >= 2
+        # The default ubatch reached the served engine.
+        assert model["ubatch"] == (UBATCH_GPU if GPU_LAYERS else UBATCH_CPU)
         before = voluntary_switches(server.proc.pid)
         for n in range(decisions):
             reply = server.call("POST", "/v1/decisions", long_decision(f"d{n}"))

@@ -105,6 +105,31 @@ def test_branch_logits_do_not_depend_on_neighbours(engine: native.Engine, cut: i
         np.testing.assert_allclose(row, alone[0], atol=tol, rtol=0)
 
 
+def test_ubatch_size_changes_the_calls_not_the_numbers(model_path: Path) -> None:
+    """The engine's ubatch (SEMIF_UBATCH_SIZE) splits a prefill and the suffixes into more
+    llama_decode calls and leaves every logit as it is (the default differs by device)."""
+    results = {}
+    for n_ubatch in (512, 128, 37):
+        engine = native.Engine(
+            str(model_path), n_ctx=2048, n_threads=2, n_gpu_layers=GPU_LAYERS, n_ubatch=n_ubatch
+        )
+        assert engine.n_ubatch == n_ubatch
+        prefix = engine.tokenize(LONG * 5, add_special=True)
+        suffixes = [engine.tokenize(" A"), engine.tokenize(" The answer is")]
+        results[n_ubatch] = engine.score(prefix, suffixes, letter_ids(engine))
+        del engine
+    stats = results[512][2]
+    assert stats["prefix_tokens"] > 512
+    # One call per ubatch of the prefix, and of the suffixes with their alignment padding.
+    branch_tokens = stats["suffix_tokens"] + stats["padding_tokens"]
+    for n, (_, _, got) in results.items():
+        assert got["decode_calls"] == -(-stats["prefix_tokens"] // n) + -(-branch_tokens // n)
+    tol = 0 if GPU_LAYERS == 0 else 1e-3
+    for n in (128, 37):
+        np.testing.assert_allclose(results[n][0], results[512][0], atol=tol, rtol=0)
+        np.testing.assert_allclose(results[n][1], results[512][1], atol=tol, rtol=0)
+
+
 def test_many_suffixes_are_grouped_by_free_sequences(engine: native.Engine) -> None:
     prefix = engine.tokenize(PROMPT, add_special=True)
     suffixes = [engine.tokenize(f" option {i}") for i in range(20)]

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from semif_proxy.model_files import ModelNotFoundError, discover_model, model_sha256
-from semif_proxy.settings import SettingsError, load_settings
+from semif_proxy.settings import UBATCH_CPU, UBATCH_GPU, SettingsError, load_settings
 
 
 def _touch(path: Path) -> Path:
@@ -64,6 +64,8 @@ def test_model_by_name_in_model_dir(tmp_path: Path) -> None:
         ("SEMIF_CPU_SHARING", "fair"),
         ("SEMIF_CPU_SLICE_MS", "5"),
         ("SEMIF_CPU_CHAT_SHARE", "1.5"),
+        ("SEMIF_UBATCH_SIZE", "-1"),
+        ("SEMIF_UBATCH_SIZE", "big"),
     ],
 )
 def test_bad_values_name_the_variable(tmp_path: Path, var: str, value: str) -> None:
@@ -86,6 +88,16 @@ def test_engine_settings_fall_back_to_sm_variables(tmp_path: Path) -> None:
     )
     assert (s.n_gpu_layers, s.n_ctx) == (0, 1024)
     assert "--n-gpu-layers" in s.llama_server_args
+
+
+def test_engine_ubatch_is_small_on_the_cpu_big_with_a_gpu(tmp_path: Path) -> None:
+    model = str(_touch(tmp_path / "m.gguf"))
+    assert load_settings({}, model=model).engine_ubatch == UBATCH_CPU == 256
+    assert load_settings({"SEMIF_N_GPU_LAYERS": "-1"}, model=model).engine_ubatch == UBATCH_GPU
+    assert load_settings({"SEMIF_UBATCH_SIZE": "300"}, model=model).engine_ubatch == 300
+    # Never more than the logical batch: a llama_decode call holds at most n_batch tokens.
+    capped = {"SEMIF_UBATCH_SIZE": "512", "SEMIF_BATCH_SIZE": "64"}
+    assert load_settings(capped, model=model).engine_ubatch == 64
 
 
 def test_temperature_forms(tmp_path: Path) -> None:

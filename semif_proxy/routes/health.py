@@ -112,6 +112,8 @@ async def health(request: web.Request) -> web.Response:
             split_calls=gate.split_calls,
             split_waits=gate.split_waits,
             drain_waits=gate.drain_waits,
+            # Ubatches the engine gave up for a chat, and evaluated again on its share.
+            engine_preempts=engine.preempts if engine is not None else None,
         )
     if engine is not None:
         body["model"] = engine.model_info

@@ -46,6 +46,12 @@ CPU_SPEED = {
     "tests/test_native.py::test_decode_releases_the_gil": (
         "counts 1 ms ticks during one decode, which takes under 5 ms on a GPU"
     ),
+    "tests/test_cpu_dynamic.py::test_the_thread_count_changes_between_ubatches_and_no_bit_moves": (
+        "preempts a ubatch through the abort callback, which only the CPU backend checks"
+    ),
+    "tests/test_cpu_dynamic.py::test_a_preempted_batch_of_option_suffixes_gives_the_same_bits": (
+        "preempts a ubatch through the abort callback, which only the CPU backend checks"
+    ),
     "tests/test_engine_thread.py::test_a_served_decision_does_not_sleep_at_ggml_barriers": (
         "counts sleeps at ggml's CPU barriers; with the layers offloaded the threads wait on "
         "the GPU"
