@@ -11,7 +11,8 @@ The estimate, per process that uses the GPU:
   embeddings stay in host memory;
 - KV cache: n_ctx x offloaded layers x KV heads x (key + value head dims) x bytes per element
   (2: F16, llama.cpp's default cache type);
-- compute buffers: one micro-batch (512 tokens) of logits (n_vocab floats each) and hidden
+- compute buffers: one micro-batch (512 tokens: llama-server's default, the engine's
+  Settings.engine_ubatch with offload) of logits (n_vocab floats each) and hidden
   states, and, with flash attention off (the engine always; llama-server unless told), the
   attention score matrix: n_ubatch x n_ctx x n_head floats;
 - a fixed allowance for the CUDA context, cuBLAS and ggml's memory pool.

@@ -206,7 +206,7 @@ def stopped_jobs(server: ProxyProcess) -> list[float]:
     return [e["after_abort_seconds"] for e in events if e.get("event") == "engine_job_stopped"]
 
 
-# Tokens a 3,800-token prefill has evaluated when it is stopped: its first ubatches (128 tokens
+# Tokens a 3,800-token prefill has evaluated when it is stopped: its first ubatches (256 tokens
 # each on the CPU, SEMIF_UBATCH_SIZE); a prefill that ran to its end counts all of them
 # (engine.cpp counts a ubatch once it is decoded).
 UNFINISHED_PREFILL = 3000
