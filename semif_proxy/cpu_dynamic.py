@@ -197,7 +197,7 @@ class CpuDynamicSplit:
 
     def _join_split(self) -> None:
         self.split_chats += 1
-        self._set_engine_threads()  # from its next ubatch on
+        self._set_engine_threads()  # at once: the ubatch in progress is preempted
 
     def _leave_split(self) -> None:
         self.split_chats -= 1
