@@ -196,8 +196,6 @@ DESIGNS: dict[str, dict[str, str | None]] = {
     "gate": {"SEMIF_CPU_SHARING": "gate"},
     "dynamic": {"SEMIF_CPU_SHARING": "dynamic"},
     "split": {"SEMIF_CPU_SHARING": "split"},
-    # The engine's ubatch before it became 256 tokens on the CPU.
-    "dynamic-ub512": {"SEMIF_CPU_SHARING": "dynamic", "SEMIF_UBATCH_SIZE": "512"},
     "none": {"SEMIF_CPU_SHARING": "none"},
     # Both processes' OpenMP threads sleep at barriers instead of spinning.
     "none-passive": {"SEMIF_CPU_SHARING": "none", "OMP_WAIT_POLICY": "passive"},

@@ -366,8 +366,9 @@ class DecisionEngine:
     # -- a dynamic split of the CPU (cpu_dynamic.py) -----------------------------------------
 
     def set_threads(self, n: int) -> None:
-        """Threads from the next ubatch on; 0: the count the engine was loaded with. A lower
-        count preempts the ubatch in progress, which runs again on it (csrc/engine.h)."""
+        """Threads for the engine's ubatches; 0: the count the engine was loaded with. A lower
+        count preempts the ubatch in progress, which runs again on it; a higher one applies
+        from the next ubatch (csrc/engine.h)."""
         self.core.set_threads(n)
 
     @property
