@@ -258,9 +258,7 @@ void Engine::request_abort() {
 
 void Engine::check_abort() {
     if (!abort_.load(std::memory_order_relaxed)) return;
-    llama_memory_clear(llama_get_memory(ctx_.get()), true);
-    seq0_.clear();
-    prefix_logits_.clear();
+    forget_all();
     throw LlamaError(kAborted, "aborted: the request was cancelled");
 }
 
@@ -288,9 +286,7 @@ void Engine::take_back(const Batch& batch) {
         ok = ok && llama_memory_seq_pos_max(mem, s) < p;
     }
     if (!ok) {
-        llama_memory_clear(mem, true);
-        seq0_.clear();
-        prefix_logits_.clear();
+        forget_all();
         throw LlamaError(kStateFailed, "could not take back a preempted batch");
     }
 }
@@ -327,52 +323,98 @@ void Engine::decode_or_throw(const Batch& batch, const char* what) {
     } while (rc == 2);
     if (rc != 0) {
         // The memory may hold part of the batch now; forget everything rather than guess.
-        llama_memory_clear(llama_get_memory(ctx_.get()), true);
-        seq0_.clear();
-        prefix_logits_.clear();
+        forget_all();
         throw LlamaError(rc, with_reason(std::string("llama_decode failed while evaluating ") +
                                          what + " (code " + std::to_string(rc) + ")"));
     }
     tokens_evaluated_ += static_cast<uint64_t>(batch.size());
 }
 
-int32_t Engine::ensure_prefix(const std::vector<llama_token>& prefix, ScoreStats& stats) {
+bool Engine::ensure_prefix(const std::vector<llama_token>& prefix, ScoreStats& stats,
+                           bool need_logits, const std::vector<llama_token>* question,
+                           const RowSink& on_question) {
     auto start = Clock::now();
     llama_memory_t mem = llama_get_memory(ctx_.get());
     drop_branches();
     stats.prefix_tokens = static_cast<int32_t>(prefix.size());
-    // Only an exact match is reused, together with the logits kept from its own evaluation.
-    // Re-evaluating part of a prefix would compute those rows in a different batch shape, and
-    // results must not depend on what the engine happened to hold before.
-    if (!seq0_.empty() && seq0_ == prefix && prefix_logits_.size() == static_cast<size_t>(n_vocab_)) {
+    // Only an exact match is reused (with its own logits when they are read). Re-evaluating
+    // part of a prefix would compute those rows in a different batch shape, and results must
+    // not depend on what the engine happened to hold before.
+    const bool has_logits = prefix_logits_.size() == static_cast<size_t>(n_vocab_);
+    if (!seq0_.empty() && seq0_ == prefix && (has_logits || !need_logits)) {
         stats.prefix_reused = static_cast<int32_t>(prefix.size());
         stats.prefill_seconds += seconds_since(start);
-        return stats.prefix_reused;
+        return false;
     }
     llama_memory_seq_rm(mem, 0, -1, -1);
     seq0_.clear();
     prefix_logits_.clear();
 
+    // A question that sits right after the prefix's cells (no alignment filler) goes on
+    // sequence 0 in the same stream of ubatches: the prompt then costs the llama_decode calls of
+    // its one-piece evaluation (one for a 200-token decision instead of two; each call streams
+    // the weights and syncs the threads once), and its numbers are the one-piece evaluation's,
+    // which the split path gives too. Only the question's last position is an output: a second
+    // output row changes the last layer's matrix products from one row to two, which moved
+    // logits by 1e-6 on an F16 model. So the prefix's own logits are not computed then, and a
+    // later call that reads them evaluates the prefix again.
+    const bool fused = question != nullptr && !question->empty() && !need_logits &&
+                       prefix.size() % cell_align_ == 0;
+    const size_t total = prefix.size() + (fused ? question->size() : 0);
     // One ubatch per llama_decode call: the calls are split exactly where llama_decode would
     // split one big batch (a single sequence goes in order), and a thread-count change
     // (set_threads) applies at the next ubatch instead of after the whole prefix.
     Batch batch(std::min(n_batch_, n_ubatch_), 1);
-    for (size_t i = 0; i < prefix.size(); ++i) {
-        batch.add(prefix[i], static_cast<llama_pos>(i), 0, i + 1 == prefix.size());
-        if (batch.full() || i + 1 == prefix.size()) {
-            decode_or_throw(batch, "the prefix");
-            ++stats.decode_calls;
-            batch.clear();
+    int32_t last_row = -1;
+    bool question_started = false;
+    double prefix_seconds = 0.0;
+    for (size_t i = 0; i < total; ++i) {
+        const bool in_prefix = i < prefix.size();
+        const llama_token token = in_prefix ? prefix[i] : (*question)[i - prefix.size()];
+        last_row = batch.add(token, static_cast<llama_pos>(i), 0, i + 1 == total);
+        if (!batch.full() && i + 1 != total) continue;
+        // A call shared by the prefix's end and the question counts as the question's.
+        if (!in_prefix && !question_started) {
+            question_started = true;
+            prefix_seconds = seconds_since(start);
         }
+        decode_or_throw(batch, in_prefix ? "the prefix" : "the prefix and a question");
+        ++stats.decode_calls;
+        batch.clear();
     }
-    const float* row = llama_get_logits_ith(ctx_.get(), -1);
-    if (row == nullptr) throw LlamaError(kStateFailed, "no logits after the prefix");
-    // Copied at once: the next decode overwrites the output buffer.
-    prefix_logits_.assign(row, row + n_vocab_);
-    seq0_ = prefix;
     stats.prefix_reused = 0;
-    stats.prefill_seconds += seconds_since(start);
-    return 0;
+    const float* row = llama_get_logits_ith(ctx_.get(), last_row);
+    if (row == nullptr) {
+        forget_all();
+        throw LlamaError(kStateFailed, fused ? "missing logits for a suffix"
+                                             : "no logits after the prefix");
+    }
+    seq0_ = prefix;
+    if (!fused) {
+        // Copied at once: the next decode overwrites the output buffer.
+        prefix_logits_.assign(row, row + n_vocab_);
+        stats.prefill_seconds += seconds_since(start);
+        return false;
+    }
+    on_question(row);  // the question's cells stay on sequence 0: the caller removes them
+    stats.prefill_seconds += prefix_seconds;
+    stats.suffix_seconds += seconds_since(start) - prefix_seconds;
+    stats.suffix_tokens += static_cast<int32_t>(question->size());
+    return true;
+}
+
+void Engine::forget_all() {
+    llama_memory_clear(llama_get_memory(ctx_.get()), true);
+    seq0_.clear();
+    prefix_logits_.clear();
+}
+
+void Engine::drop_suffix(size_t prefix_len) {
+    if (!llama_memory_seq_rm(llama_get_memory(ctx_.get()), 0, static_cast<llama_pos>(prefix_len), -1)) {
+        // Never leave sequence 0 claiming a prefix it no longer holds alone.
+        forget_all();
+        throw LlamaError(kStateFailed, "could not remove a suffix from sequence 0");
+    }
 }
 
 void Engine::drop_branches() {
@@ -477,25 +519,33 @@ ScoreResult Engine::score(const std::vector<llama_token>& prefix,
     for (size_t i = 0; i < suffixes.size(); ++i) {
         if (!suffixes[i].empty()) pending.push_back(i);
     }
-    ensure_prefix(prefix, result.stats);
+    // Restored branches decode on sequence 0 right after the prefix, so the first of them can
+    // share the prefix's ubatches (ensure_prefix); copied branches need the prefix held first.
+    size_t done = 0;
+    if (mode == ScoreMode::kRestore && !pending.empty()) {
+        const size_t first = pending.front();
+        auto one = [&](const float* row) { sink(first, suffixes[first].size() - 1, row); };
+        const bool need_logits = pending.size() < suffixes.size();  // an empty suffix reads them
+        if (ensure_prefix(prefix, result.stats, need_logits, &suffixes[first], one)) {
+            drop_suffix(prefix.size());
+            done = 1;
+        }
+    } else {
+        ensure_prefix(prefix, result.stats);
+    }
     for (size_t i = 0; i < suffixes.size(); ++i) {
         if (suffixes[i].empty()) sink(i, 0, prefix_logits_.data());
     }
     if (mode == ScoreMode::kRestore) {
-        llama_memory_t mem = llama_get_memory(ctx_.get());
-        for (size_t i : pending) {
+        for (size_t k = done; k < pending.size(); ++k) {
+            const size_t i = pending[k];
             auto one = [&](size_t, size_t t, const float* row) { sink(i, t, row); };
             // The suffix goes onto sequence 0 itself, right after the prefix's cells; removing
             // its cells afterwards leaves the prefix as it was (its cells are never written)
             // and frees the same cells for the next question, which then sits exactly where
             // the first did. No copy of the state is made.
             decode_branches({Branch{0, &suffixes[i], false}}, prefix.size(), one, result.stats);
-            if (!llama_memory_seq_rm(mem, 0, static_cast<llama_pos>(prefix.size()), -1)) {
-                llama_memory_clear(mem, true);
-                seq0_.clear();
-                prefix_logits_.clear();
-                throw LlamaError(kStateFailed, "could not remove a suffix from sequence 0");
-            }
+            drop_suffix(prefix.size());
         }
         return result;
     }
@@ -557,8 +607,8 @@ void Engine::set_prefix_state(const uint8_t* data, size_t size,
     if (tokens.empty() || tokens.size() > static_cast<size_t>(n_ctx_)) {
         throw LlamaError(kBadArgument, "tokens must describe a prefix that fits the context");
     }
-    if (logits.size() != static_cast<size_t>(n_vocab_)) {
-        throw LlamaError(kBadArgument, "logits must hold n_vocab values (" +
+    if (!logits.empty() && logits.size() != static_cast<size_t>(n_vocab_)) {
+        throw LlamaError(kBadArgument, "logits must be empty or hold n_vocab values (" +
                                            std::to_string(n_vocab_) + "), got " +
                                            std::to_string(logits.size()));
     }
@@ -616,7 +666,12 @@ TreeResult Engine::score_tree(const std::vector<llama_token>& prefix,
     result.root_logits.assign(tree.root_ids.size(), 0.0f);
     result.node_logits.resize(n);
     result.node_logsumexp.assign(n, 0.0);
-    ensure_prefix(prefix, result.stats);
+    auto root = [&](const float* row) {
+        read_row(row, tree.root_ids, result.root_logits.data(), &result.root_logsumexp);
+    };
+    // The root (the suffix's last token) may share the prefix's ubatches, as in score().
+    const bool rooted = !suffix.empty() && ensure_prefix(prefix, result.stats, false, &suffix, root);
+    if (suffix.empty()) ensure_prefix(prefix, result.stats);
     llama_memory_t mem = llama_get_memory(ctx_.get());
     const llama_pos base = static_cast<llama_pos>(prefix.size() + suffix.size());
     // Whatever happens below, sequence 0 goes back to the prefix and the branches are emptied.
@@ -628,21 +683,16 @@ TreeResult Engine::score_tree(const std::vector<llama_token>& prefix,
             engine->drop_branches();
             if (!llama_memory_seq_rm(mem, 0, keep, -1)) {
                 // Never leave sequence 0 claiming a prefix it no longer holds alone.
-                llama_memory_clear(mem, true);
-                engine->seq0_.clear();
-                engine->prefix_logits_.clear();
+                engine->forget_all();
             }
         }
     } cleanup{this, mem, static_cast<llama_pos>(prefix.size())};
 
     if (suffix.empty()) {
-        read_row(prefix_logits_.data(), tree.root_ids, result.root_logits.data(),
-                 &result.root_logsumexp);
-    } else {
-        auto root = [&](size_t, size_t, const float* row) {
-            read_row(row, tree.root_ids, result.root_logits.data(), &result.root_logsumexp);
-        };
-        decode_branches({Branch{0, &suffix, false}}, prefix.size(), root, result.stats);
+        root(prefix_logits_.data());
+    } else if (!rooted) {
+        decode_branches({Branch{0, &suffix, false}}, prefix.size(),
+                        [&](size_t, size_t, const float* row) { root(row); }, result.stats);
     }
     if (n == 0) return result;
 
@@ -755,8 +805,7 @@ ContinuationResult Engine::score_continuations(
 
 void Engine::reset() {
     std::lock_guard<std::mutex> lock(mutex_);
-    llama_memory_clear(llama_get_memory(ctx_.get()), true);
-    seq0_.clear();
+    forget_all();
 }
 
 }  // namespace semif

@@ -204,11 +204,19 @@ private:
     void check_abort();
     void check_token_ids(const std::vector<llama_token>& tokens, const char* what) const;
     void check_fits(size_t prefix, size_t suffix, size_t n_branches) const;
-    int32_t ensure_prefix(const std::vector<llama_token>& prefix, ScoreStats& stats);
+    using RowSink = std::function<void(const float* row)>;
+    // The prefix in sequence 0, evaluated unless held (`need_logits`: with its own logits).
+    // With a question, may evaluate it in the prefix's ubatches (see there): then returns true,
+    // the question's row went to on_question and its cells follow the prefix's in sequence 0.
+    bool ensure_prefix(const std::vector<llama_token>& prefix, ScoreStats& stats,
+                       bool need_logits = true, const std::vector<llama_token>* question = nullptr,
+                       const RowSink& on_question = nullptr);
     void decode_or_throw(const Batch& batch, const char* what);
     void decode_branches(const std::vector<Branch>& branches, size_t prefix_len,
                          const LogitsSink& sink, ScoreStats& stats);
     void drop_branches();
+    void drop_suffix(size_t prefix_len);
+    void forget_all();
     void restore_prefix_unlocked(const uint8_t* data, size_t size);
     void read_row(const float* row, const std::vector<llama_token>& ids, float* out,
                   double* lse) const;
@@ -224,7 +232,9 @@ private:
     int32_t n_threads_ = 0;
     size_t cell_align_ = 64;
     std::vector<llama_token> seq0_;    // tokens currently held by sequence 0
-    std::vector<float> prefix_logits_; // full-vocabulary logits at the prefix's last position
+    // Full-vocabulary logits at the prefix's last position; empty when the prefix was evaluated
+    // together with a question (ensure_prefix).
+    std::vector<float> prefix_logits_;
     uint64_t tokens_evaluated_ = 0;
     std::atomic<bool> abort_{false};
     std::atomic<bool> pause_{false};

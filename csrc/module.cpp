@@ -249,7 +249,8 @@ PYBIND11_MODULE(_engine, m) {
                  py::array_t<float> out(static_cast<py::ssize_t>(v.size()));
                  std::copy(v.begin(), v.end(), out.mutable_data());
                  return out;
-             }, "Full-vocabulary logits at the last position of the prefix in sequence 0.")
+             }, "Full-vocabulary logits at the last position of the prefix in sequence 0; empty when "
+             "that prefix was evaluated together with a restored question.")
         .def("set_prefix_state",
              [](Engine& e, const py::bytes& data, const Tokens& tokens,
                 const py::array_t<float, py::array::c_style | py::array::forcecast>& logits) {
@@ -266,8 +267,8 @@ PYBIND11_MODULE(_engine, m) {
                  });
              },
              py::arg("data"), py::arg("tokens"), py::arg("logits"),
-             "Put a saved prefix (state bytes, its tokens, its last-position logits) back into "
-             "sequence 0.")
+             "Put a saved prefix (state bytes, its tokens, its last-position logits or an empty "
+             "array) back into sequence 0.")
         .def_property_readonly("prefix_tokens", &Engine::prefix_tokens)
         .def("reset", [](Engine& e) { unlocked([&] { e.reset(); }); })
         .def("abort", &Engine::request_abort,

@@ -25,7 +25,8 @@ class CacheStats:
 
 class PrefixCache:
     """Maps the hash of a prefix's tokens to the serialized KV state of that prefix and the
-    logits at its last position (kept so a restored prefix needs no re-evaluation at all).
+    logits at its last position (kept so a restored prefix needs no re-evaluation at all; empty
+    when the prefix was evaluated together with its first question, see Engine::ensure_prefix).
 
     Not thread-safe on purpose: only the engine's single worker thread touches it.
     """

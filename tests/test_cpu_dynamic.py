@@ -115,6 +115,47 @@ def test_a_preempted_batch_of_option_suffixes_gives_the_same_bits(
         engine.reset()
 
 
+def test_a_preempted_prefix_and_question_in_one_ubatch_give_the_same_bits(
+    engine: native.Engine,
+) -> None:
+    """Preempted in the ubatch that a fresh prefix shares with its first restored question:
+    the whole ubatch is taken back and evaluated again, and the engine then holds the prefix
+    alone, as an uninterrupted call leaves it."""
+    words = engine.tokenize(LONG_STATE, add_special=True)
+    cut = (engine.n_ubatch // 2) // engine.cell_align * engine.cell_align
+    prefix, question = words[:cut], words[cut : engine.n_ubatch - 8]
+    ids = [engine.tokenize(c, parse_special=False)[0] for c in "ABCD"]
+    try:
+        engine.set_threads(0)
+        engine.reset()
+        quiet = engine.score(prefix, [question], ids, "restore")
+        assert quiet[2]["decode_calls"] == 1  # prefix and question in one ubatch
+        state = engine.get_prefix_state()
+        engine.reset()
+        engine.set_threads(2)
+        preempts = engine.preempts
+        out: dict = {}
+        job = threading.Thread(
+            target=lambda: out.update(r=engine.score(prefix, [question], ids, "restore"))
+        )
+        job.start()
+        wait_for(lambda: engine.threads_now == 2, 60, "the shared ubatch on 2 threads")
+        engine.set_threads(1)
+        job.join()
+        assert engine.preempts == preempts + 1
+        assert out["r"][2]["decode_calls"] == 1
+        np.testing.assert_array_equal(out["r"][0], quiet[0])
+        np.testing.assert_array_equal(out["r"][1], quiet[1])
+        assert engine.get_prefix_state() == state
+        engine.set_threads(0)
+        again = engine.score(prefix, [question], ids, "restore")
+        assert again[2]["prefix_reused"] == len(prefix)
+        np.testing.assert_array_equal(again[0], quiet[0])
+    finally:
+        engine.set_threads(0)
+        engine.reset()
+
+
 def test_a_preempted_label_tree_gives_the_same_bits(engine: native.Engine) -> None:
     """Preempted in a label tree's ubatch, whose shared nodes belong to several sequences at
     once: llama_decode takes back only each token's first sequence, the engine the rest, and

@@ -81,6 +81,58 @@ def test_same_logits_fresh_copied_and_restored(engine: native.Engine) -> None:
     assert abs(restored_lse[0] - fresh_lse[0]) <= tol + 1e-9
 
 
+@pytest.mark.parametrize(("model", "n_ubatch"), [("smollm2", 512), ("smollm2", 37), ("tiny", 64)])
+def test_a_fresh_prefix_shares_its_calls_with_the_first_restored_question(
+    request: pytest.FixtureRequest, model: str, n_ubatch: int
+) -> None:
+    """Restored branches (the CPU's mode): the first question goes into the prefix's ubatches,
+    so a decision costs the llama_decode calls of its one-piece prompt, and every number stays
+    what the prefix held first gives: the questions' logits and the prefix's saved state. (The
+    tiny model is F16: there a second output row in that call moved the question's logits.)"""
+    path = request.getfixturevalue("model_path" if model == "smollm2" else "tiny_model")
+    engine = native.Engine(
+        str(path), n_ctx=2048, n_threads=2, n_gpu_layers=GPU_LAYERS, n_ubatch=n_ubatch
+    )
+    full = engine.tokenize(LONG, add_special=True)
+    cut = engine.cell_align * 12  # aligned: the first question needs no filler cells
+    prefix, first, second = full[:cut], full[cut:], full[cut : cut + 3]
+    ids = letter_ids(engine)
+    fused, fused_lse, stats = engine.score(prefix, [first, second], ids, "restore")
+    assert stats["prefix_reused"] == 0 and stats["padding_tokens"] == 0
+    assert stats["decode_calls"] == -(-len(full) // n_ubatch) + -(-len(second) // n_ubatch)
+    assert stats["suffix_tokens"] == len(first) + len(second)
+    assert stats["suffix_seconds"] > 0
+    fused_state = engine.get_prefix_state()
+    assert engine.get_prefix_logits().size == 0  # not computed: see Engine::ensure_prefix
+
+    held, held_lse, stats = engine.score(prefix, [first, second], ids, "restore")
+    assert stats["prefix_reused"] == len(prefix)
+    assert stats["decode_calls"] == -(-len(first) // n_ubatch) + -(-len(second) // n_ubatch)
+    # The prefix's own logits are read: it is evaluated again, alone.
+    _, _, stats = engine.score(prefix, [[], first], ids, "restore")
+    assert stats["prefix_reused"] == 0
+    assert stats["decode_calls"] == -(-len(prefix) // n_ubatch) + -(-len(first) // n_ubatch)
+    alone_state = engine.get_prefix_state()
+    engine.reset()
+    whole, whole_lse, stats = engine.score(full, [[]], ids)
+    assert stats["decode_calls"] == -(-len(full) // n_ubatch)
+    tol = 0 if GPU_LAYERS == 0 else 1e-3
+    np.testing.assert_allclose(fused, held, atol=tol, rtol=0)
+    np.testing.assert_allclose(fused_lse, held_lse, atol=tol, rtol=0)
+    np.testing.assert_allclose(fused[0], whole[0], atol=tol, rtol=0)
+    assert abs(fused_lse[0] - whole_lse[0]) <= tol + 1e-9
+    if GPU_LAYERS == 0:
+        assert fused_state == alone_state  # the prefix's cells, byte for byte
+
+    # A prefix off the cell grid: its first question needs filler, so it is decoded apart.
+    engine.reset()
+    _, _, stats = engine.score(full[: cut - 1], [full[cut - 1 :]], ids, "restore")
+    assert stats["padding_tokens"] > 0
+    assert stats["decode_calls"] == -(-(cut - 1) // n_ubatch) + -(
+        -(len(full) - cut + 1 + stats["padding_tokens"]) // n_ubatch
+    )
+
+
 @pytest.mark.parametrize("cut", [1, 31, 45, 62, 100])
 def test_branch_logits_do_not_depend_on_neighbours(engine: native.Engine, cut: int) -> None:
     """Any prefix length: a suffix scored alone, next to others, twice in one batch, after a

@@ -52,6 +52,13 @@ CPU_SPEED = {
     "tests/test_cpu_dynamic.py::test_a_preempted_batch_of_option_suffixes_gives_the_same_bits": (
         "preempts a ubatch through the abort callback, which only the CPU backend checks"
     ),
+    "tests/test_cpu_dynamic.py::test_a_preempted_label_tree_gives_the_same_bits": (
+        "preempts a ubatch through the abort callback, which only the CPU backend checks"
+    ),
+    "tests/test_cpu_dynamic.py::"
+    "test_a_preempted_prefix_and_question_in_one_ubatch_give_the_same_bits": (
+        "preempts a ubatch through the abort callback, which only the CPU backend checks"
+    ),
     "tests/test_engine_thread.py::test_a_served_decision_does_not_sleep_at_ggml_barriers": (
         "counts sleeps at ggml's CPU barriers; with the layers offloaded the threads wait on "
         "the GPU"
