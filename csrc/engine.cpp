@@ -389,14 +389,20 @@ bool Engine::ensure_prefix(const std::vector<llama_token>& prefix, ScoreStats& s
         throw LlamaError(kStateFailed, fused ? "missing logits for a suffix"
                                              : "no logits after the prefix");
     }
-    seq0_ = prefix;
     if (!fused) {
         // Copied at once: the next decode overwrites the output buffer.
         prefix_logits_.assign(row, row + n_vocab_);
+        seq0_ = prefix;
         stats.prefill_seconds += seconds_since(start);
         return false;
     }
-    on_question(row);  // the question's cells stay on sequence 0: the caller removes them
+    try {
+        on_question(row);
+    } catch (...) {
+        forget_all();  // the question's cells are in sequence 0: claim nothing
+        throw;
+    }
+    seq0_ = prefix;  // the question's cells stay on sequence 0 after it: the caller removes them
     stats.prefill_seconds += prefix_seconds;
     stats.suffix_seconds += seconds_since(start) - prefix_seconds;
     stats.suffix_tokens += static_cast<int32_t>(question->size());
@@ -439,7 +445,10 @@ void Engine::decode_branches(const std::vector<Branch>& branches, size_t prefix_
         ++stats.decode_calls;
         for (const Want& w : wants) {
             const float* row = llama_get_logits_ith(ctx_.get(), w.index);
-            if (row == nullptr) throw LlamaError(kStateFailed, "missing logits for a suffix");
+            if (row == nullptr) {
+                forget_all();  // the suffixes' cells are still in the memory
+                throw LlamaError(kStateFailed, "missing logits for a suffix");
+            }
             sink(w.branch, w.token, row);
         }
         wants.clear();
@@ -525,13 +534,16 @@ ScoreResult Engine::score(const std::vector<llama_token>& prefix,
     if (mode == ScoreMode::kRestore && !pending.empty()) {
         const size_t first = pending.front();
         auto one = [&](const float* row) { sink(first, suffixes[first].size() - 1, row); };
-        const bool need_logits = pending.size() < suffixes.size();  // an empty suffix reads them
+        // The prefix's logits are read only for an empty suffix.
+        const bool need_logits = pending.size() < suffixes.size();
         if (ensure_prefix(prefix, result.stats, need_logits, &suffixes[first], one)) {
             drop_suffix(prefix.size());
             done = 1;
         }
     } else {
-        ensure_prefix(prefix, result.stats);
+        // Copied branches need only the prefix's cells; its logits only for an empty suffix
+        // (a prefix held from a label tree's fused root has none).
+        ensure_prefix(prefix, result.stats, pending.size() < suffixes.size());
     }
     for (size_t i = 0; i < suffixes.size(); ++i) {
         if (suffixes[i].empty()) sink(i, 0, prefix_logits_.data());

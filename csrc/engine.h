@@ -2,12 +2,15 @@
 // The decision engine: one llama.cpp model + context, used by one thread at a time (a mutex
 // serialises callers; the Python layer runs it in a single worker thread anyway).
 //
-// Sequence 0 holds the most recently evaluated prefix (with its last-position logits, so the
-// same prefix asked again is reused, not re-evaluated). score() decodes each suffix after it in
-// one of two modes (ScoreMode):
+// Sequence 0 holds the most recently evaluated prefix (usually with its last-position logits),
+// so the same prefix asked again is reused, not re-evaluated. score() decodes each suffix after
+// it in one of two modes (ScoreMode):
 // - kRestore ("restore", the CPU path): one suffix at a time on sequence 0 itself, right after
 //   the prefix's cells; llama_memory_seq_rm then removes the suffix's cells, so the next suffix
 //   sits exactly where the previous one did, where a one-piece evaluation of its prompt puts it.
+//   A prefix not held yet is decoded together with its first suffix (ensure_prefix): that is
+//   the one-piece evaluation itself, one stream of ubatches; the prefix's logits are then not
+//   computed.
 // - kCopy ("copy", with GPU offload): the prefix is shared with branch sequences 1..n_seq-2
 //   (cheap with a unified KV cache: cells are shared) and the suffixes are decoded side by side,
 //   each starting on an aligned cell, in as few llama_decode calls as the context allows.
@@ -73,7 +76,7 @@ struct ScoreStats {
     int32_t padding_tokens = 0;  // filler that keeps branch cells aligned (see decode_branches)
     int32_t decode_calls = 0;
     double prefill_seconds = 0.0;
-    double suffix_seconds = 0.0;
+    double suffix_seconds = 0.0;  // with a call shared by the prefix's end and a suffix
 };
 
 struct ScoreResult {

@@ -250,7 +250,8 @@ PYBIND11_MODULE(_engine, m) {
                  std::copy(v.begin(), v.end(), out.mutable_data());
                  return out;
              }, "Full-vocabulary logits at the last position of the prefix in sequence 0; empty when "
-             "that prefix was evaluated together with a restored question.")
+             "that prefix was evaluated together with its first question (score in restore "
+             "mode, score_tree's suffix).")
         .def("set_prefix_state",
              [](Engine& e, const py::bytes& data, const Tokens& tokens,
                 const py::array_t<float, py::array::c_style | py::array::forcecast>& logits) {

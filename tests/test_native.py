@@ -93,8 +93,10 @@ def test_a_fresh_prefix_shares_its_calls_with_the_first_restored_question(
     engine = native.Engine(
         str(path), n_ctx=2048, n_threads=2, n_gpu_layers=GPU_LAYERS, n_ubatch=n_ubatch
     )
-    full = engine.tokenize(LONG, add_special=True)
-    cut = engine.cell_align * 12  # aligned: the first question needs no filler cells
+    full = engine.tokenize(LONG * 3, add_special=True)
+    # Aligned: the first question needs no filler cells.
+    cut = (len(full) * 2 // 3) // engine.cell_align * engine.cell_align
+    assert 0 < cut < len(full) - 3
     prefix, first, second = full[:cut], full[cut:], full[cut : cut + 3]
     ids = letter_ids(engine)
     fused, fused_lse, stats = engine.score(prefix, [first, second], ids, "restore")
@@ -123,6 +125,20 @@ def test_a_fresh_prefix_shares_its_calls_with_the_first_restored_question(
     assert abs(fused_lse[0] - whole_lse[0]) <= tol + 1e-9
     if GPU_LAYERS == 0:
         assert fused_state == alone_state  # the prefix's cells, byte for byte
+
+    # A label tree's root (its suffix's last token) shares the prefix's calls too; the prefix
+    # is then held without its logits, which copied branches do not read: reused.
+    engine.reset()
+    root, root_lse, _, _, stats = engine.score_tree(
+        prefix, first, second, [-1, 0, 1], [ids, ids, ids], ids
+    )
+    assert stats["decode_calls"] == -(-len(full) // n_ubatch) + 1  # and one for the 3 nodes
+    np.testing.assert_allclose(root, whole[0], atol=tol, rtol=0)
+    assert abs(root_lse - whole_lse[0]) <= tol + 1e-9
+    copied, _, stats = engine.score(prefix, [first, second], ids, "copy")
+    assert stats["prefix_reused"] == len(prefix)
+    # Two output rows in that call: equal to the last bits only where the layout matches.
+    np.testing.assert_allclose(copied[0], whole[0], atol=1e-4, rtol=0)
 
     # A prefix off the cell grid: its first question needs filler, so it is decoded apart.
     engine.reset()
