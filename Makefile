@@ -143,7 +143,7 @@ gpu-check-dry: build
 	PYTHON=$(PY) bash scripts/gpu_check.sh --dry-run
 
 model-random: $(VENV)/.deps
-	$(PY) -m semif_proxy.tiny_gguf --params 300M --out $(CACHE)/models/random-300M-f16.gguf
+	$(PY) -m semif_proxy.model.tiny_gguf --params 300M --out $(CACHE)/models/random-300M-f16.gguf
 
 # A stand-in for the AWS llama.cpp image's /opt/llama.cpp/bin (scripts/base_sim.sh): the pinned
 # llama.cpp built as the base builds it (GGML_BACKEND_DL=ON: loadable CPU backend), only bin/

@@ -13,9 +13,9 @@ Sections (each a key of the JSON written to --out):
   (n_gpu_layers 0 and CUDA_VISIBLE_DEVICES empty, so ggml offloads no matrix either): the largest
   |difference| in a probability and in a logit, and how often the argmax agrees;
 - memory: a server with chat and decisions, both fully offloaded: what nvidia-smi says each
-  process holds on the GPU, against what semif_proxy.gpu_memory estimates for it.
+  process holds on the GPU, against what semif_proxy.model.gpu_memory estimates for it.
 
-Evidence texts are built from English words (semif_proxy.tiny_gguf.WORDS) and sized by the
+Evidence texts are built from English words (semif_proxy.model.tiny_gguf.WORDS) and sized by the
 server's own token counts, so the sizes hold for a real model as for a generated one.
 """
 
@@ -34,8 +34,8 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import machine, post, summary
+from semif_proxy.model.tiny_gguf import WORDS
 from semif_proxy.testing.server import ProxyProcess
-from semif_proxy.tiny_gguf import WORDS
 
 QUESTION = "Which support queue should handle this ticket?"
 OPTIONS = [
@@ -228,7 +228,7 @@ def nvidia_smi(query: str, kind: str = "gpu") -> list[list[str]]:
 
 
 def memory(model: Path, ctx: int, logs: Path | None) -> dict[str, Any]:
-    from semif_proxy import gpu_memory
+    from semif_proxy.model import gpu_memory
 
     shape = gpu_memory.ModelShape.from_file(model)
     procs = [

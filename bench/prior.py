@@ -34,11 +34,11 @@ import numpy as np
 
 from bench.common import get_json, post, progress, start_server, summary
 from bench.suites import tasks
-from semif_proxy.calibrate import ece
+from semif_proxy.calibration.position_prior import from_json
+from semif_proxy.calibration.temperature import ece
 from semif_proxy.cli import main as cli_main
-from semif_proxy.examples import ROUTING_OPTIONS, ROUTING_STATE
-from semif_proxy.jevbench import Task
-from semif_proxy.position_prior import from_json
+from semif_proxy.engine.examples import ROUTING_OPTIONS, ROUTING_STATE
+from semif_proxy.eval.jevbench import Task
 from semif_proxy.readout import softmax
 
 # Asked once on each new server before the measured requests (a state no task has).

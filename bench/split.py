@@ -18,7 +18,8 @@ from typing import Any
 
 from bench.common import summary
 from bench.floor import floor_decision
-from semif_proxy.engine import DecisionEngine, Question
+from semif_proxy.engine.questions import Question
+from semif_proxy.engine.worker import DecisionEngine
 from semif_proxy.settings import load_settings
 
 

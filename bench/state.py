@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from semif_proxy import native
+from semif_proxy.engine import native
 
 UNIT = (
     "Order 4471 was placed on the web shop, paid by card, packed in the Leipzig warehouse and "

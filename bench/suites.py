@@ -11,16 +11,16 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import get_json, memory_kb, post, progress, summary
-from semif_proxy.calibrate import ece
-from semif_proxy.examples import ROUTING_OPTIONS, ROUTING_STATE
-from semif_proxy.jevbench import (
+from semif_proxy.calibration.temperature import ece
+from semif_proxy.engine.examples import ROUTING_OPTIONS, ROUTING_STATE
+from semif_proxy.engine.prompt import LETTERS
+from semif_proxy.eval.jevbench import (
     Task,
     label_probabilities,
     predicted_label,
     read_tasks,
     task_files,
 )
-from semif_proxy.prompt import LETTERS
 from semif_proxy.testing.server import ProxyProcess
 
 LONG_STATE_UNIT = (

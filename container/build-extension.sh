@@ -27,7 +27,7 @@ command -v "$python" >/dev/null || fail "no $python on PATH"
 # 1. Which llama.cpp the base runs.
 server="$(command -v llama-server)" || fail "no llama-server on PATH (the base keeps it in /opt/llama.cpp/bin)"
 version="$("$server" --version 2>&1)" || fail "'$server --version' failed: $version"
-parsed="$(printf '%s\n' "$version" | PYTHONPATH="$src" "$python" -m semif_proxy.llama_version)" \
+parsed="$(printf '%s\n' "$version" | PYTHONPATH="$src" "$python" -m semif_proxy.llama_server.version)" \
   || fail "cannot read the llama.cpp build from '$server --version' (output above)"
 read -r build commit <<< "$parsed"
 if [[ "$build" == 0 || ! "$commit" =~ ^[0-9a-f]{7,40}$ ]]; then

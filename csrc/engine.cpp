@@ -210,7 +210,6 @@ void Engine::check_fits(size_t prefix, size_t suffix, size_t n_branches) const {
 
 bool Engine::abort_requested(void* self) {
     auto* engine = static_cast<Engine*>(self);
-    if (engine->pause_.load(std::memory_order_acquire)) engine->park();
     return engine->abort_.load(std::memory_order_relaxed) || engine->preempted();
 }
 
@@ -222,39 +221,7 @@ bool Engine::preempted() const {
     return wanted > 0 && wanted < threads_now_.load(std::memory_order_seq_cst);
 }
 
-void Engine::park() {
-    std::unique_lock<std::mutex> lock(pause_mutex_);
-    if (!pause_.load(std::memory_order_relaxed)) return;
-    parks_.fetch_add(1, std::memory_order_relaxed);
-    parked_.store(true, std::memory_order_release);
-    pause_cv_.wait(lock, [this] {
-        return !pause_.load(std::memory_order_relaxed) || abort_.load(std::memory_order_relaxed);
-    });
-    parked_.store(false, std::memory_order_release);
-}
-
-void Engine::pause() {
-    std::lock_guard<std::mutex> lock(pause_mutex_);
-    pause_.store(true, std::memory_order_release);
-}
-
-void Engine::resume() {
-    {
-        std::lock_guard<std::mutex> lock(pause_mutex_);
-        pause_.store(false, std::memory_order_release);
-    }
-    pause_cv_.notify_all();
-}
-
-void Engine::request_abort() {
-    {
-        // Under pause_mutex_, so a parked job cannot miss the wake-up between its check and
-        // its wait.
-        std::lock_guard<std::mutex> lock(pause_mutex_);
-        abort_.store(true, std::memory_order_relaxed);
-    }
-    pause_cv_.notify_all();
-}
+void Engine::request_abort() { abort_.store(true, std::memory_order_relaxed); }
 
 void Engine::check_abort() {
     if (!abort_.load(std::memory_order_relaxed)) return;

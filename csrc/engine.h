@@ -17,7 +17,6 @@
 // Sequence n_seq-1 only holds the filler cells that keep branch starts aligned (see
 // decode_branches); nothing attends to them and they are removed after every call.
 #include <atomic>
-#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -168,16 +167,6 @@ public:
     void request_abort();
     void clear_abort() { abort_.store(false, std::memory_order_relaxed); }
 
-    // Time-slicing with another process on the same cores (any thread): after pause(), the
-    // job in progress parks at its next graph node, inside ggml's abort check on compute
-    // thread 0, until resume() or an abort. The other compute threads wait at that node's
-    // barrier (an OpenMP build lets them sleep there). Nothing is recomputed and nothing
-    // moves: a paused and resumed job gives the numbers an uninterrupted one gives.
-    void pause();
-    void resume();
-    bool parked() const { return parked_.load(std::memory_order_acquire); }
-    uint64_t parks() const { return parks_.load(std::memory_order_relaxed); }
-
     // Sharing the cores with a llama-server that runs at the same time (any thread): the
     // thread count for the next llama_decode call (0: the configured n_threads). Every
     // llama_decode call holds one ubatch (prefix, option suffixes, labels). A lower count
@@ -203,7 +192,6 @@ private:
     static bool abort_requested(void* self);
     bool preempted() const;
     void take_back(const Batch& batch);
-    void park();
     void check_abort();
     void check_token_ids(const std::vector<llama_token>& tokens, const char* what) const;
     void check_fits(size_t prefix, size_t suffix, size_t n_branches) const;
@@ -240,17 +228,12 @@ private:
     std::vector<float> prefix_logits_;
     uint64_t tokens_evaluated_ = 0;
     std::atomic<bool> abort_{false};
-    std::atomic<bool> pause_{false};
-    std::atomic<bool> parked_{false};
-    std::atomic<uint64_t> parks_{0};
     std::atomic<uint64_t> preempts_{0};
     std::atomic<int32_t> threads_wanted_{0};
     std::atomic<int32_t> threads_now_{0};
     int32_t threads_applied_ = 0;  // what the context was last set to (job thread only)
     int32_t n_ubatch_ = 0;
     bool preemptible_ = false;  // see the constructor
-    std::mutex pause_mutex_;  // pause_cv_'s; apart from mutex_, which the job itself holds
-    std::condition_variable pause_cv_;
     std::mutex mutex_;
 };
 

@@ -132,7 +132,6 @@ PYBIND11_MODULE(_engine, m) {
         }
     });
     m.attr("ERR_LOAD_FAILED") = static_cast<int>(semif::kLoadFailed);
-    m.attr("ERR_CONTEXT_FAILED") = static_cast<int>(semif::kContextFailed);
     m.attr("ERR_CONTEXT_OVERFLOW") = static_cast<int>(semif::kContextOverflow);
     m.attr("ERR_BAD_ARGUMENT") = static_cast<int>(semif::kBadArgument);
     m.attr("ERR_STATE_FAILED") = static_cast<int>(semif::kStateFailed);
@@ -273,16 +272,8 @@ PYBIND11_MODULE(_engine, m) {
         .def_property_readonly("prefix_tokens", &Engine::prefix_tokens)
         .def("reset", [](Engine& e) { unlocked([&] { e.reset(); }); })
         .def("abort", &Engine::request_abort,
-             "Stop the work in progress, a parked one too (any thread; never waits on the job).")
+             "Stop the work in progress (any thread; never waits on the job).")
         .def("clear_abort", &Engine::clear_abort, "Let the next job run.")
-        .def("pause", &Engine::pause, py::call_guard<py::gil_scoped_release>(),
-             "Park the job in progress at its next graph node until resume() (any thread).")
-        .def("resume", &Engine::resume, py::call_guard<py::gil_scoped_release>(),
-             "Let a paused job go on.")
-        .def_property_readonly("parked", &Engine::parked,
-                               "A job is parked by pause() right now.")
-        .def_property_readonly("parks", &Engine::parks,
-                               "How many times a job has parked since the engine was made.")
         .def("set_threads", &Engine::set_threads, py::arg("n"),
              "Threads for the next llama_decode call, 0 for the configured count (any thread); "
              "a lower count preempts the call in progress, which runs again on it.")

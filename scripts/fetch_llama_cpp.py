@@ -31,7 +31,7 @@ def cache_root() -> Path:
 
 
 # The checkouts' own copy of a file hash and of the cache root (scripts/fetch_model.py imports
-# both from here). The package has them too (semif_proxy.model_files.file_sha256), but these
+# both from here). The package has them too (semif_proxy.model.files.file_sha256), but these
 # scripts run with the system's python3 before the venv and the package exist (the Makefile
 # fetches the llama.cpp source to build the package), so they stay standalone.
 def sha256_of(path: Path) -> str:

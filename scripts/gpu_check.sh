@@ -180,19 +180,19 @@ step "5 a generated model"
 mkdir -p "$WORK/models"
 MODEL=$WORK/models/model.gguf
 if [ "$DRY" = 1 ]; then
-  would "$PY -m semif_proxy.tiny_gguf --params $PARAMS --out $MODEL"
+  would "$PY -m semif_proxy.model.tiny_gguf --params $PARAMS --out $MODEL"
   say "dry run: 20M parameters instead (2 cores)"
   MODEL_ARGS=(--params 20M --n-embd 256 --n-head 4)
 else
   MODEL_ARGS=(--params "$PARAMS")
 fi
-logged "$PY" -m semif_proxy.tiny_gguf "${MODEL_ARGS[@]}" --out "$MODEL" || fail "model"
+logged "$PY" -m semif_proxy.model.tiny_gguf "${MODEL_ARGS[@]}" --out "$MODEL" || fail "model"
 
 # -- 6. the memory estimate ----------------------------------------------------------------------
-step "6 GPU memory for the engine + llama-server (semif_proxy.gpu_memory)"
+step "6 GPU memory for the engine + llama-server (semif_proxy.model.gpu_memory)"
 FREE_ARGS=()
 [ "$DRY" = 1 ] && FREE_ARGS=(--free-gib 80)   # no GPU here: as on an 80 GiB card
-logged "$PY" -m semif_proxy.gpu_memory --model "$MODEL" --server-ctx 8192 --engine-ctx 8192 \
+logged "$PY" -m semif_proxy.model.gpu_memory --model "$MODEL" --server-ctx 8192 --engine-ctx 8192 \
   "${FREE_ARGS[@]}" || fail "gpu_memory"
 
 # -- 7. the test suite ---------------------------------------------------------------------------

@@ -71,7 +71,7 @@ def runtime_dirs() -> list[str]:
 
 
 def native(need_gpu: bool) -> int:
-    from semif_proxy import native as n
+    from semif_proxy.engine import native as n
 
     info = n.build_info()
     print(f"llama.cpp build {info['llama_cpp_build']}, gpu offload {info['gpu_offload']}")

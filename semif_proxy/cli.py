@@ -11,8 +11,8 @@ import signal
 import sys
 from pathlib import Path
 
+from semif_proxy.calibration.position_prior import MIN_QUESTIONS
 from semif_proxy.logs import configure_logging
-from semif_proxy.position_prior import MIN_QUESTIONS
 from semif_proxy.settings import Settings, SettingsError, load_settings
 
 log = logging.getLogger("semif_proxy")
@@ -26,11 +26,34 @@ def _settings(args: argparse.Namespace, **extra: object) -> Settings:
         raise SystemExit(2) from None
 
 
+def _log_listening(settings: Settings) -> None:
+    """The start-up line, once the port is bound: where it listens, whether a key guards it and
+    whether /invocations is open. Never the key itself."""
+    keyed = bool(settings.api_key)
+    public = not keyed or settings.invocations_public
+    if not keyed:
+        guard = "no API key: every route is open"
+    elif settings.invocations_public:
+        guard = "API key set; /invocations is public (SEMIF_INVOCATIONS_PUBLIC: SageMaker's edge)"
+    else:
+        guard = "API key set; /invocations needs it too"
+    log.info(
+        f"listening on http://{settings.host}:{settings.port}; {guard}",
+        extra={
+            "event": "listening",
+            "host": settings.host,
+            "port": settings.port,
+            "api_key_set": keyed,
+            "invocations_public": public,
+        },
+    )
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     from aiohttp import web
 
-    from semif_proxy.app import create_app
-    from semif_proxy.keys import STARTUP
+    from semif_proxy.http.app import create_app
+    from semif_proxy.http.keys import STARTUP
 
     # Configured before the settings are read, so that their own warnings (an ignored
     # SM_LLAMA_CPP_HOST) are JSON lines too; again once the level is known.
@@ -38,7 +61,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     settings = _settings(args, port=args.port, host=args.host)
     configure_logging(settings.log_level)
     log.info("settings", extra={"event": "settings", "settings": settings.public_dict()})
-    from semif_proxy import gpu_memory
+    from semif_proxy.model import gpu_memory
 
     # On a GPU: both processes' weights and KV caches must fit, or the start stops here with
     # the advice (exit 2) instead of an out-of-memory crash minutes later.
@@ -57,7 +80,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         host=settings.host,
         port=settings.port,
         shutdown_timeout=settings.shutdown_grace,
-        print=None,
+        print=lambda _banner: _log_listening(settings),  # called once the port is bound
         access_log=None,
         handle_signals=True,
         # A client that hangs up cancels its handler: its queued or running engine job stops
@@ -71,16 +94,18 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_decide(args: argparse.Namespace) -> int:
-    from semif_proxy import decisions
-    from semif_proxy.engine import DecisionEngine
+    from semif_proxy.api import services
+    from semif_proxy.engine.worker import DecisionEngine
     from semif_proxy.errors import ApiError
 
     settings = _settings(args, chat=False)
     configure_logging("WARNING")
     body = json.loads(Path(args.request).read_text())
     engine = DecisionEngine.load(settings)
+    # The command line is bound by the API's own limits only, not the server's.
+    service = services.Decisions(limited=False)
     try:
-        out, _ = decisions.answer(engine, decisions.parse_request(body))
+        out = service.answer(engine, service.plan(body, settings, engine.sha256)).body
     except ApiError as exc:
         json.dump(exc.body(), sys.stdout, indent=2)
         sys.stdout.write("\n")
@@ -93,8 +118,9 @@ def cmd_decide(args: argparse.Namespace) -> int:
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
-    from semif_proxy import position_prior, rows_log
-    from semif_proxy.calibrate import PredictionError, calibrate, read_predictions
+    from semif_proxy.api import rows_log
+    from semif_proxy.calibration import position_prior
+    from semif_proxy.calibration.temperature import PredictionError, calibrate, read_predictions
 
     if not args.predictions and not args.rows:
         sys.stderr.write(
@@ -153,8 +179,8 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         )
     if target is not None:
         # Thresholds on the confidences the server will give: prior and temperature applied.
-        from semif_proxy import abstention
-        from semif_proxy.calibrate import debiased
+        from semif_proxy.calibration import abstention
+        from semif_proxy.calibration.temperature import debiased
 
         served = preds if fitted is None else debiased(preds, fitted.prior)
         suggestion = abstention.suggest_thresholds(served, target, report["temperature"])
@@ -173,9 +199,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
     """Exit 0: every row asked of every target and answered; 1: results written, but some rows
     were bad or some answers failed; 2: nothing to run (no rows file, a target unusable, no
     valid row)."""
-    from semif_proxy import eval_report
-    from semif_proxy.eval_targets import TargetError, open_target
-    from semif_proxy.evaluate import evaluate, exit_status, summary
+    from semif_proxy.eval import report as eval_report
+    from semif_proxy.eval.runner import evaluate, exit_status, summary
+    from semif_proxy.eval.targets import TargetError, open_target
 
     configure_logging("WARNING")
     rows_file = Path(args.rows)
@@ -226,7 +252,7 @@ def main(argv: list[str] | None = None) -> int:
     serve = sub.add_parser("serve", help="run the proxy (chat + decisions)")
     serve.add_argument("--model", help="GGUF file (default: SM_LLAMA_CPP_MODEL / model dir)")
     serve.add_argument("--port", type=int, help="public port (default: SM_LLAMA_CPP_PORT or 8080)")
-    serve.add_argument("--host", help="bind address (default 0.0.0.0)")
+    serve.add_argument("--host", help="bind address (default: SEMIF_HOST or 127.0.0.1)")
     serve.set_defaults(func=cmd_serve)
     decide = sub.add_parser("decide", help="answer a decision request from a JSON file")
     decide.add_argument("request", help="request JSON ({'decision': ...} or {'decisions': [...]})")

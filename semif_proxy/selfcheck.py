@@ -10,9 +10,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from semif_proxy import native
-from semif_proxy.llama_version import parse_version
-from semif_proxy.tiny_gguf import write_tiny_llama
+from semif_proxy.engine import native
+from semif_proxy.llama_server.version import parse_version
+from semif_proxy.model.tiny_gguf import write_tiny_llama
 
 
 class SelfCheckError(RuntimeError):

@@ -15,14 +15,14 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from semif_proxy import redact
-from semif_proxy.abstention import Thresholds
-from semif_proxy.abstention import from_setting as min_confidence_from_setting
-from semif_proxy.cpu import ThreadPlan, plan_threads
-from semif_proxy.llama_args import PREFIX, LlamaArgsError, llama_server_args
-from semif_proxy.model_files import ModelNotFoundError, discover_model
-from semif_proxy.position_prior import PositionPrior
-from semif_proxy.position_prior import from_json as position_prior_from_json
-from semif_proxy.prompt import MAX_OPTIONS, labels_for
+from semif_proxy.calibration.abstention import Thresholds
+from semif_proxy.calibration.abstention import from_setting as min_confidence_from_setting
+from semif_proxy.calibration.position_prior import PositionPrior
+from semif_proxy.calibration.position_prior import from_json as position_prior_from_json
+from semif_proxy.cpu.plan import ThreadPlan, plan_threads
+from semif_proxy.engine.prompt import MAX_OPTIONS, labels_for
+from semif_proxy.llama_server.args import PREFIX, LlamaArgsError, llama_server_args
+from semif_proxy.model.files import ModelNotFoundError, discover_model
 
 DEFAULT_MAX_BODY_BYTES = 6 << 20
 # The engine's default tokens per llama_decode call (SEMIF_UBATCH_SIZE), by device.
@@ -53,12 +53,15 @@ class Settings(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     model_path: Path
-    host: str = "0.0.0.0"
+    # Loopback unless told otherwise: `semif-proxy serve` on a VM is not reachable from other
+    # hosts by default. The image's entrypoint defaults SEMIF_HOST to 0.0.0.0 (SageMaker and
+    # `docker run -p` connect from outside the container).
+    host: str = "127.0.0.1"
     port: int = Field(8080, ge=1, le=65535)
     upstream_port: int = Field(8081, ge=1, le=65535)
     # The second llama-server's port (CPU sharing "dynamic"); None: no port for it (set by
     # load_settings), the gate instead.
-    split_upstream_port: int | None = Field(None, ge=1, le=65535)
+    second_upstream_port: int | None = Field(None, ge=1, le=65535)
     chat: bool = True
     decisions: bool = True
     llama_server_args: tuple[str, ...] = ()
@@ -72,15 +75,13 @@ class Settings(BaseModel):
 
     # Decision engine
     n_ctx: int = Field(4096, ge=64, le=1 << 20)
-    n_threads: int = Field(0, ge=0, le=1024)  # 0: as cpu_sharing says (semif_proxy/cpu.py)
-    # How the engine and llama-server share the CPU: slice (both get every core and take
-    # turns of cpu_slice_ms while both have work), gate (both get every core, one job at a
-    # time), dynamic (every core to whichever runs alone, divided while both run: a second
-    # llama-server with half the threads takes chat then), split (cores divided, both at
-    # once), none; auto: dynamic on the CPU (the gate where it cannot divide), none with GPU.
-    cpu_sharing: Literal["auto", "slice", "gate", "dynamic", "split", "none"] = "auto"
-    cpu_slice_ms: int = Field(400, ge=10, le=2000)  # one round: a turn each
-    cpu_chat_share: float = Field(0.5, ge=0.1, le=0.9)  # llama-server's part of a round
+    n_threads: int = Field(0, ge=0, le=1024)  # 0: as cpu_sharing says (semif_proxy/cpu/plan.py)
+    # How the engine and llama-server share the CPU (cpu/policy.py): gate (both get every
+    # core, one job at a time), dynamic (every core to whichever runs alone, divided while
+    # both run: a second llama-server with half the threads takes chat then), split (cores
+    # divided, both at once), none; auto: dynamic on the CPU (the gate where it cannot
+    # divide), none with GPU.
+    cpu_sharing: Literal["auto", "gate", "dynamic", "split", "none"] = "auto"
     n_gpu_layers: int = Field(0, ge=-1)
     # Sequences: the prefix, at least one branch and the alignment filler need three.
     n_parallel: int = Field(8, ge=3, le=64)
@@ -123,6 +124,10 @@ class Settings(BaseModel):
     min_confidence: Thresholds | None = None
 
     api_key: str | None = Field(None, repr=False)
+    # POST /invocations without the key (SageMaker authenticates it at its edge and sends no
+    # key of ours). Only where SageMaker fronts the container: the image's entrypoint called
+    # with `serve` defaults it to on; anywhere else /invocations needs the key like any route.
+    invocations_public: bool = False
     strict: bool = False
     playground: bool = True
     # llama-server's admin routes (/slots, POST /props, /lora-adapters) through the proxy.
@@ -146,7 +151,7 @@ class Settings(BaseModel):
         return value
 
     @property
-    def threads(self) -> ThreadPlan:
+    def thread_plan(self) -> ThreadPlan:
         return plan_threads(
             self.cpu_sharing,
             self.n_threads,
@@ -154,7 +159,7 @@ class Settings(BaseModel):
             self.chat,
             self.decisions,
             self.llama_server_args,
-            second_server=self.split_upstream_port is not None,
+            second_server=self.second_upstream_port is not None,
         )
 
     @property
@@ -198,8 +203,6 @@ _ENV: dict[str, tuple[str, tuple[str, ...]]] = {
     "n_ctx": ("SEMIF_CTX_SIZE", ("SM_LLAMA_CPP_CTX_SIZE", "SM_LLAMA_CPP_C")),
     "n_threads": ("SEMIF_THREADS", ("SM_LLAMA_CPP_THREADS", "SM_LLAMA_CPP_T")),
     "cpu_sharing": ("SEMIF_CPU_SHARING", ()),
-    "cpu_slice_ms": ("SEMIF_CPU_SLICE_MS", ()),
-    "cpu_chat_share": ("SEMIF_CPU_CHAT_SHARE", ()),
     "n_gpu_layers": (
         "SEMIF_N_GPU_LAYERS",
         ("SM_LLAMA_CPP_N_GPU_LAYERS", "SM_LLAMA_CPP_GPU_LAYERS", "SM_LLAMA_CPP_NGL"),
@@ -228,13 +231,14 @@ _ENV: dict[str, tuple[str, tuple[str, ...]]] = {
     "min_confidence": ("SEMIF_MIN_CONFIDENCE", ()),
     # SM_LLAMA_CPP_API_KEY is the proxy's key too; it is never forwarded (llama_args.py).
     "api_key": ("SEMIF_API_KEY", ("SM_LLAMA_CPP_API_KEY",)),
+    "invocations_public": ("SEMIF_INVOCATIONS_PUBLIC", ()),
     "strict": ("SEMIF_STRICT", ()),
     "playground": ("SEMIF_PLAYGROUND", ()),
     "upstream_admin": ("SEMIF_UPSTREAM_ADMIN", ()),
     "log_level": ("SEMIF_LOG_LEVEL", ()),
     "shutdown_grace": ("SEMIF_SHUTDOWN_GRACE", ()),
 }
-_BOOLS = {"chat", "decisions", "strict", "playground", "upstream_admin"}
+_BOOLS = {"chat", "decisions", "strict", "playground", "upstream_admin", "invocations_public"}
 _TRUE = {"1", "true", "on", "yes"}
 _FALSE = {"0", "false", "off", "no"}
 
@@ -246,10 +250,6 @@ def _parse_bool(value: str) -> bool:
     if lowered in _FALSE:
         return False
     raise ValueError(f"expected on/off (or true/false, 1/0), got {value!r}")
-
-
-def _parse_temperature(value: str) -> Temperature:
-    return _parse_calibration(value)[0]
 
 
 def _parse_calibration(value: str) -> tuple[Temperature, PositionPrior]:
@@ -390,24 +390,9 @@ def load_settings(env: Mapping[str, str] | None = None, **overrides: Any) -> Set
         var = sources.get(field, _ENV.get(field, (field,))[0])
         raise SettingsError(f"{var}: {first['msg']} (got {first.get('input')!r})") from None
     split = _split_port(settings.upstream_port, settings.port, allowed)
-    settings = settings.model_copy(update={"split_upstream_port": split})
+    settings = settings.model_copy(update={"second_upstream_port": split})
     _check_prior_prompts(settings, sources.get("position_prior", "SEMIF_CALIBRATION"))
-    _check_slice_turns(settings)
     return _complete(env, settings)
-
-
-def _check_slice_turns(settings: Settings) -> None:
-    """With SEMIF_CPU_SHARING=slice llama-server is stopped for an engine turn at a time; a
-    health probe that gives up sooner would count a healthy llama-server as stalled."""
-    if settings.threads.sharing != "slice":
-        return
-    turn = settings.cpu_slice_ms * (1 - settings.cpu_chat_share) / 1000
-    if settings.health_timeout <= turn:
-        raise SettingsError(
-            f"SEMIF_HEALTH_TIMEOUT: {settings.health_timeout:g}s is not longer than the CPU "
-            f"slicer's engine turn ({turn:g}s = SEMIF_CPU_SLICE_MS x (1 - SEMIF_CPU_CHAT_SHARE)), "
-            "during which llama-server is stopped; raise it or shorten the turn"
-        )
 
 
 def _check_prior_prompts(settings: Settings, var: str) -> None:

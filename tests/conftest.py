@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from semif_proxy import native
+from semif_proxy.engine import native
 from semif_proxy.testing.server import ProxyProcess, free_port
 from tests.helpers.tiny_model import write_tiny_model
 
@@ -76,7 +76,7 @@ def running_llama_server(model: Path, ctx_size: int = 2048) -> Iterator[str]:
     so its next-token distribution can be compared with ours."""
     import asyncio
 
-    from semif_proxy.llama_server import LlamaServer
+    from semif_proxy.llama_server.supervisor import LlamaServer
 
     binary = native.llama_server_path()
     assert binary is not None
@@ -138,7 +138,7 @@ def engine_settings(model: Path, **overrides: object):
 
 @pytest.fixture(scope="session")
 def decision_engine(model_path: Path):
-    from semif_proxy.engine import DecisionEngine
+    from semif_proxy.engine.worker import DecisionEngine
 
     engine = DecisionEngine.load(engine_settings(model_path))
     yield engine

@@ -14,14 +14,14 @@ import numpy as np
 import pytest
 import typesafe_sdk as ts
 
-from semif_proxy.abstention import (
+from semif_proxy.calibration.abstention import (
     BUCKETS,
     ThresholdError,
     Thresholds,
     bucket,
     suggest_thresholds,
 )
-from semif_proxy.calibrate import Prediction
+from semif_proxy.calibration.temperature import Prediction
 from semif_proxy.cli import main
 from semif_proxy.settings import SettingsError, load_settings
 from semif_proxy.testing.server import ProxyProcess

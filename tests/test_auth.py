@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from semif_proxy.auth import is_public, normalise_path
+from semif_proxy.http.auth import is_public, normalise_path
 from semif_proxy.testing.server import ProxyProcess, wait_for
 
 KEY = "s3cr3t-xyz"
@@ -33,6 +33,7 @@ def keyed(model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterato
             "SM_LLAMA_CPP_API_KEY": UPSTREAM_KEY,
             "SM_LLAMA_CPP_HF_TOKEN": HF_TOKEN,  # forwarded (--hf-token), but never logged
             "SM_LLAMA_CPP_HOST": "0.0.0.0",  # ignored: llama-server stays on 127.0.0.1
+            "SEMIF_HOST": None,  # the default: `semif-proxy serve` listens on loopback only
         },
         log_path=log,
     ).start()
@@ -69,7 +70,8 @@ CASES = [
     # Public by design, only in their plain spelling.
     ("GET", "/ping", None, 200, 200),
     ("GET", "/ping?probe=1", None, 200, 200),
-    ("POST", "/invocations", NOTHING, 400, 400),  # past the key: the body is what is wrong
+    # Not public off SageMaker (`semif-proxy serve`): compute, behind the key like /v1/*.
+    ("POST", "/invocations", NOTHING, 401, 400),
     ("GET", "/", None, 200, 200),
     ("GET", "/playground", None, 200, 200),
     ("GET", "/playground/app.js", None, 200, 200),
@@ -144,6 +146,54 @@ def test_unauthorized_answer(keyed: ProxyProcess) -> None:
     finally:
         conn.close()
     assert send(keyed, "GET", "/health", KEY.upper())[0] == 401
+
+
+DECISION = {
+    "decision": {
+        "id": "d1",
+        "state": "I was charged twice for my order.",
+        "question": "Which team should handle this?",
+        "options": [
+            {"id": "billing", "description": "Billing and refunds"},
+            {"id": "shipping", "description": "Delivery problems"},
+        ],
+    }
+}
+CHAT = {"messages": [{"role": "user", "content": "Say hi"}], "max_tokens": 2}
+
+
+def invoke(server: ProxyProcess, body: Any, key: str | None, lines: bool = False) -> Any:
+    headers = {"Authorization": f"Bearer {key}"} if key is not None else {}
+    if lines:  # a Batch Transform call: JSON Lines
+        raw = (json.dumps(body) + "\n").encode()
+        headers["Content-Type"] = "application/jsonlines"
+        return server.call("POST", "/invocations", raw=raw, headers=headers)
+    return server.call("POST", "/invocations", body, headers)
+
+
+def test_invocations_needs_the_key_off_sagemaker(keyed: ProxyProcess) -> None:
+    """`semif-proxy serve` with a key: /invocations is compute like any route, whatever the
+    body asks for (SageMaker's key-free /invocations is the image entrypoint's: test_sagemaker)."""
+    for body, lines in ((DECISION, False), (CHAT, False), (DECISION, True)):
+        for key in (None, "wrong", UPSTREAM_KEY):
+            reply = invoke(keyed, body, key, lines)
+            assert reply.status == 401, (body, lines, key, reply.body[:300])
+            assert reply.json()["error"]["field"] == "Authorization"
+            assert reply.headers["WWW-Authenticate"].startswith("Bearer")
+    decided = invoke(keyed, DECISION, KEY)
+    assert decided.status == 200 and decided.json()["result"]["id"] == "d1", decided.body[:300]
+    assert invoke(keyed, CHAT, KEY).status == 200
+    batch = invoke(keyed, DECISION, KEY, lines=True)
+    assert batch.status == 200 and json.loads(batch.body)["result"]["id"] == "d1"
+
+
+def test_serve_listens_on_loopback_and_says_so(keyed: ProxyProcess) -> None:
+    assert keyed.proc is not None
+    assert _listening(keyed.proc.pid) == [("127.0.0.1", keyed.port)]
+    [line] = [li for li in map(json.loads, keyed.log_lines()) if li.get("event") == "listening"]
+    assert (line["host"], line["port"]) == ("127.0.0.1", keyed.port)
+    assert line["api_key_set"] is True and line["invocations_public"] is False
+    assert f"http://127.0.0.1:{keyed.port}" in line["msg"]
 
 
 def test_chat_with_the_key_reaches_a_keyless_llama_server(keyed: ProxyProcess) -> None:
@@ -237,10 +287,15 @@ def test_secrets_never_reach_the_log(keyed: ProxyProcess) -> None:
 
 @pytest.fixture(scope="module")
 def admin(model_path: Path) -> Iterator[ProxyProcess]:
-    server = ProxyProcess(
-        model_path,
-        {"SEMIF_API_KEY": KEY, "SEMIF_UPSTREAM_ADMIN": "on", "SEMIF_DECISIONS": "off"},
-    ).start()
+    """Two settings on one server (each start costs seconds): llama-server's admin routes, and
+    /invocations opened explicitly as SageMaker's entrypoint opens it."""
+    env = {
+        "SEMIF_API_KEY": KEY,
+        "SEMIF_UPSTREAM_ADMIN": "on",
+        "SEMIF_DECISIONS": "off",
+        "SEMIF_INVOCATIONS_PUBLIC": "true",
+    }
+    server = ProxyProcess(model_path, env).start()
     yield server
     server.stop()
 
@@ -257,6 +312,17 @@ def test_admin_routes_pass_only_when_turned_on(admin: ProxyProcess, target: str)
 def test_admin_setting_keeps_other_paths_closed(admin: ProxyProcess) -> None:
     assert send(admin, "GET", "/nope", KEY)[0] == 404
     assert send(admin, "POST", "/slots/x", KEY, {})[0] == 404
+
+
+def test_invocations_public_setting_opens_only_invocations(admin: ProxyProcess) -> None:
+    reply = invoke(admin, CHAT, None)  # decisions are off here: chat is what it answers
+    assert reply.status == 200, reply.body[:300]
+    assert reply.json()["choices"][0]["message"]["role"] == "assistant"
+    assert invoke(admin, CHAT, "wrong").status == 200  # no key of ours is read there
+    # Only its plain spelling, and nothing else opens with it.
+    assert send(admin, "POST", "/invocations/", body=CHAT)[0] == 401
+    assert send(admin, "POST", "/v1/chat/completions", body=CHAT)[0] == 401
+    assert send(admin, "GET", "/health")[0] == 401
 
 
 @pytest.mark.parametrize(

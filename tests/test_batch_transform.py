@@ -16,9 +16,9 @@ from typing import Any
 
 import pytest
 
-from semif_proxy import engine as worker
-from semif_proxy import jsonlines
+from semif_proxy.engine import prefix_split
 from semif_proxy.errors import EngineFailure, InvalidRequest, PayloadTooLarge
+from semif_proxy.http import jsonlines
 from semif_proxy.settings import load_settings
 from semif_proxy.testing.server import ProxyProcess, wait_for
 from tests.conftest import engine_settings
@@ -176,6 +176,8 @@ def batch_server(
     env = {
         "SEMIF_CHAT": "off",
         "SEMIF_API_KEY": KEY,
+        # Batch Transform starts the image with `serve`: SageMaker fronts /invocations.
+        "SEMIF_INVOCATIONS_PUBLIC": "true",
         "SEMIF_MAX_BODY_BYTES": str(BODY_LIMIT),
         "SEMIF_MAX_PROMPT_TOKENS": str(PROMPT_LIMIT),
         # No prefix cache: a state's prefix is then reused only if its lines run one after
@@ -491,10 +493,10 @@ def test_an_engine_that_refuses_decisions_fails_the_call(
     Retry-After, as a single decision gets, not a 200 of 503 lines."""
     from aiohttp.test_utils import TestClient, TestServer
 
-    from semif_proxy.app import create_app
+    from semif_proxy.http.app import create_app
 
-    real = worker.aligned_length
-    monkeypatch.setattr(worker, "aligned_length", lambda n, align: real(n, align) - 3)
+    real = prefix_split.aligned_length
+    monkeypatch.setattr(prefix_split, "aligned_length", lambda n, align: real(n, align) - 3)
     settings = engine_settings(tiny_model, n_ctx=2048)
     body = "\n".join(json.dumps({"decision": decision(f"u{i}", "s", 0)}) for i in range(3))
 

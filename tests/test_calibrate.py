@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from semif_proxy import calibrate
+from semif_proxy.calibration import temperature as calibrate
 from semif_proxy.cli import main
 from semif_proxy.settings import load_settings
 

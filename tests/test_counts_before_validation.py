@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from semif_proxy import decisions, systemone
+from semif_proxy.api import decisions, systemone
 from semif_proxy.errors import PayloadTooLarge, SchemaError
 from semif_proxy.settings import load_settings
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from semif_proxy.cpu import available_cores, plan_threads, quota_cores
-from semif_proxy.cpu_gate import CpuGate
+from semif_proxy.cpu.gate import CpuGate
+from semif_proxy.cpu.plan import available_cores, plan_threads, quota_cores
 from semif_proxy.errors import Timeout
 
 
@@ -52,7 +52,6 @@ def test_a_quota_caps_the_cores(tmp_path: Path) -> None:
     [
         ("auto", True, 0, (), ("dynamic", 8, 8)),
         ("auto", True, 0, ("-t", "3"), ("gate", 8, None)),
-        ("slice", True, 0, (), ("slice", 8, 8)),
         ("auto", True, 99, (), ("none", 8, 8)),
         ("auto", False, 0, (), ("none", 8, 8)),
         ("split", True, 0, (), ("split", 4, 4)),
@@ -92,7 +91,7 @@ async def _order(gate: CpuGate, script: list[tuple[str, str]]) -> list[str]:
     release_first = asyncio.Event()
 
     async def job(name: str, kind: str, first: bool) -> None:
-        ctx = gate.exclusive() if kind == "x" else gate.shared()
+        ctx = gate.engine_turn() if kind == "x" else gate.chat_turn()
         async with ctx:
             got.append(name)
             if first:
@@ -135,13 +134,13 @@ def test_chats_share_and_a_waiting_decision_holds_new_chats_back() -> None:
         chats_done = asyncio.Event()
 
         async def chat(name: str, hold: bool) -> None:
-            async with gate.shared():
+            async with gate.chat_turn():
                 got.append(name)
                 if hold:
                     await chats_done.wait()
 
         async def decision(name: str) -> None:
-            async with gate.exclusive():
+            async with gate.engine_turn():
                 assert gate.shared_holders == 0
                 got.append(name)
 
@@ -163,20 +162,20 @@ def test_a_waiter_that_gives_up_frees_its_place() -> None:
     gate = CpuGate()
 
     async def scenario() -> None:
-        async with gate.exclusive():
+        async with gate.engine_turn():
             with pytest.raises(Timeout):
-                async with gate.exclusive(timeout=0.05):
+                async with gate.engine_turn(timeout=0.05):
                     raise AssertionError("must not get in")
-            waiter = asyncio.create_task(gate.exclusive().__aenter__())
+            waiter = asyncio.create_task(gate.engine_turn().__aenter__())
             await settle(lambda: gate.waiting == 1, "the waiter queues")
             waiter.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await waiter
             assert gate.waiting == 0
         # Both gave up: the gate is free again, for either kind.
-        async with gate.shared():
+        async with gate.chat_turn():
             assert gate.shared_holders == 1
-        async with gate.exclusive():
+        async with gate.engine_turn():
             assert gate.exclusive_held
 
     asyncio.run(scenario())
@@ -186,7 +185,7 @@ def test_a_disabled_gate_lets_everything_through_at_once() -> None:
     gate = CpuGate(enabled=False)
 
     async def scenario() -> None:
-        async with gate.exclusive(), gate.exclusive(), gate.shared():
+        async with gate.engine_turn(), gate.engine_turn(), gate.chat_turn():
             assert not gate.exclusive_held and gate.shared_holders == 0
 
     asyncio.run(scenario())

@@ -18,13 +18,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from semif_proxy import cpu_dynamic, native
-from semif_proxy.cpu import memory_room, plan_threads, private_bytes, second_server_fits
-from semif_proxy.cpu_dynamic import CpuDynamicSplit
+from semif_proxy.cpu import dynamic as cpu_dynamic
+from semif_proxy.cpu.dynamic import CpuDynamicSplit
+from semif_proxy.cpu.plan import memory_room, plan_threads, private_bytes, second_server_fits
+from semif_proxy.engine import native
 from semif_proxy.errors import Timeout
 from semif_proxy.settings import SettingsError, load_settings
 from semif_proxy.testing.server import ProxyProcess, wait_for
-from tests.test_cpu_slicer import LONG_STATE, long_decision
+from tests.helpers.long_decision import LONG_STATE, long_decision
 
 # -- the engine's thread count -------------------------------------------------------------------
 
@@ -228,12 +229,12 @@ def test_the_plan_divides_the_cores_only_where_it_can() -> None:
 
 def test_the_second_port_is_chosen(model_path: Path) -> None:
     env = {"SEMIF_PORT": "9001"}  # the default sharing: dynamic on two cores or more
-    if load_settings(env, model=str(model_path)).threads.sharing != "dynamic":
+    if load_settings(env, model=str(model_path)).thread_plan.sharing != "dynamic":
         pytest.skip("one core here: dynamic plans the gate")
 
     def ports(extra: dict[str, str]) -> tuple[int, int | None, str]:
         s = load_settings({**env, **extra}, model=str(model_path))
-        return s.upstream_port, s.split_upstream_port, s.threads.sharing
+        return s.upstream_port, s.second_upstream_port, s.thread_plan.sharing
 
     assert ports({}) == (8081, 8082, "dynamic")
     # Never the proxy's own port; at the top of the range, the port below.
@@ -311,8 +312,8 @@ def test_no_second_llama_server_where_memory_or_its_start_fails(
 
     from aiohttp.test_utils import TestClient, TestServer
 
-    from semif_proxy import lifecycle
-    from semif_proxy.app import create_app
+    from semif_proxy.http import lifecycle
+    from semif_proxy.http.app import create_app
     from semif_proxy.testing.server import free_port, free_port_pair
 
     port = free_port()
@@ -323,15 +324,15 @@ def test_no_second_llama_server_where_memory_or_its_start_fails(
         "SM_LLAMA_CPP_CTX_SIZE": "2048",
     }
     settings = load_settings(env, model=str(model_path))
-    if settings.threads.sharing != "dynamic":
+    if settings.thread_plan.sharing != "dynamic":
         pytest.skip("one core here: dynamic plans the gate")
     event = "llama_server_split_skipped" if why == "memory" else "llama_server_split_failed"
     squatter = socket.socket()
     if why == "memory":
         monkeypatch.setattr(lifecycle, "memory_room", lambda: 1 << 20)  # 1 MiB left
     else:
-        assert settings.split_upstream_port is not None
-        squatter.bind(("127.0.0.1", settings.split_upstream_port))
+        assert settings.second_upstream_port is not None
+        squatter.bind(("127.0.0.1", settings.second_upstream_port))
         squatter.listen()
 
     async def scenario() -> None:
@@ -400,10 +401,10 @@ async def settle(check: Callable[[], bool], what: str) -> None:
 def test_alone_each_path_gets_every_core() -> None:
     async def scenario() -> None:
         gate, engine, main, _ = dynamic()
-        async with gate.shared() as server:
+        async with gate.chat_turn() as server:
             assert server is main
         assert engine.wanted == 0
-        async with gate.exclusive():
+        async with gate.engine_turn():
             assert engine.wanted == 0
         assert gate.split_calls == 0
 
@@ -414,11 +415,11 @@ def test_a_chat_during_a_decision_goes_to_the_split_server_once_the_engine_steps
     async def scenario() -> None:
         gate, engine, _, half = dynamic()
         got: list[object] = []
-        async with gate.exclusive():
+        async with gate.engine_turn():
             engine.threads_now = 2  # the decision's ubatch in progress, on every core
 
             async def chat() -> None:
-                async with gate.shared(5) as server:
+                async with gate.chat_turn(5) as server:
                     got.append(server)
                     await asyncio.sleep(0.01)
 
@@ -442,18 +443,18 @@ def test_a_decision_waits_for_the_main_servers_chats_and_so_do_chats_behind_it()
         end_first = asyncio.Event()
 
         async def first_chat() -> None:
-            async with gate.shared() as server:
+            async with gate.chat_turn() as server:
                 assert server is main
                 order.append("chat-main")
                 await end_first.wait()
             order.append("chat-main-done")
 
         async def decision() -> None:
-            async with gate.exclusive(5):
+            async with gate.engine_turn(5):
                 order.append("decision")
 
         async def later_chat() -> None:
-            async with gate.shared(5) as server:
+            async with gate.chat_turn(5) as server:
                 assert server is half
                 order.append("chat-split")
 
@@ -479,10 +480,10 @@ def test_without_a_split_server_answering_chat_takes_the_gate() -> None:
         gate, _, main, half = dynamic()
         half.healthy = False
         got: list[object] = []
-        async with gate.exclusive():
+        async with gate.engine_turn():
 
             async def chat() -> None:
-                async with gate.shared(5) as server:
+                async with gate.chat_turn(5) as server:
                     got.append(server)
 
             task = asyncio.create_task(chat())
@@ -501,12 +502,12 @@ def test_no_chat_goes_to_the_main_server_beside_one_on_the_split_server() -> Non
         first_done = asyncio.Event()
 
         async def second_chat() -> None:
-            async with gate.shared(5) as server:
+            async with gate.chat_turn(5) as server:
                 assert first_done.is_set()  # not the main one's every core beside the first
                 got.append(server)
 
-        async with gate.exclusive():
-            async with gate.shared(5) as first:
+        async with gate.engine_turn():
+            async with gate.chat_turn(5) as first:
                 assert first is half
                 half.healthy = False  # two probes missed while it generates
                 task = asyncio.create_task(second_chat())
@@ -527,13 +528,13 @@ def test_chat_alone_after_a_mixed_spell_gets_every_core_back() -> None:
         gate, engine, main, half = dynamic()
         got: list[object] = []
         release = asyncio.Event()
-        async with gate.exclusive():
-            first = gate.shared(5)  # a chat beside a decision, still generating after it
+        async with gate.engine_turn():
+            first = gate.chat_turn(5)  # a chat beside a decision, still generating after it
             assert await first.__aenter__() is half
         assert gate.split_chats == 1 and gate.decisions == 0 and engine.wanted == 1
 
         async def next_chat() -> None:
-            async with gate.shared(5) as server:
+            async with gate.chat_turn(5) as server:
                 got.append(server)
                 await release.wait()
 
@@ -557,20 +558,20 @@ def test_a_long_stream_on_the_split_server_holds_later_chats_back_for_the_grace_
 
     async def scenario() -> None:
         gate, _, main, half = dynamic()
-        async with gate.exclusive():
-            stream = gate.shared(5)  # read slowly: it outlives the decision and the grace
+        async with gate.engine_turn():
+            stream = gate.chat_turn(5)  # read slowly: it outlives the decision and the grace
             assert await stream.__aenter__() is half
         start = time.monotonic()
-        async with gate.shared(5) as server:
+        async with gate.chat_turn(5) as server:
             waited = time.monotonic() - start
             assert server is half  # beside the stream, not the main one's every core
             assert 0.05 <= waited < 5 and gate.drain_waits == 1
             # The grace has passed: later chats join at once, no new wait each.
-            async with gate.shared(5) as later:
+            async with gate.chat_turn(5) as later:
                 assert later is half and gate.drain_waits == 1
         await stream.__aexit__(None, None, None)
         # The split one has no chat left: chat alone has every core again, at once.
-        async with gate.shared(5) as server:
+        async with gate.chat_turn(5) as server:
             assert server is main and gate.split_chats == 0 and gate.drain_waits == 1
 
     asyncio.run(scenario())
@@ -581,11 +582,11 @@ def test_a_chat_granted_the_gate_after_one_took_the_split_server_routes_again() 
         gate, _, main, half = dynamic()
         got: list[tuple[str, object]] = []
         half.healthy = False  # still starting
-        decision = gate.exclusive()
+        decision = gate.engine_turn()
         await decision.__aenter__()
 
         async def chat(name: str, hold: asyncio.Event) -> None:
-            async with gate.shared(5) as server:
+            async with gate.chat_turn(5) as server:
                 got.append((name, server))
                 await hold.wait()
 
@@ -612,12 +613,12 @@ def test_a_chat_granted_the_gate_after_one_took_the_split_server_routes_again() 
 def test_a_chat_cancelled_while_it_waits_for_a_drain_leaves_nothing_behind() -> None:
     async def scenario() -> None:
         gate, engine, _, half = dynamic()
-        async with gate.exclusive():
-            stream = gate.shared(5)
+        async with gate.engine_turn():
+            stream = gate.chat_turn(5)
             assert await stream.__aenter__() is half
 
         async def chat() -> None:
-            async with gate.shared(5):
+            async with gate.chat_turn(5):
                 raise AssertionError("never routed")
 
         task = asyncio.create_task(chat())
@@ -635,10 +636,10 @@ def test_a_chat_cancelled_while_it_waits_for_a_drain_leaves_nothing_behind() -> 
 def test_a_chat_that_cannot_get_cores_in_time_gets_a_timeout() -> None:
     async def scenario() -> None:
         gate, engine, _, _ = dynamic()
-        async with gate.exclusive():
+        async with gate.engine_turn():
             engine.threads_now = 2  # never steps back
             with pytest.raises(Timeout):
-                async with gate.shared(0.05):
+                async with gate.chat_turn(0.05):
                     pass
         assert gate.split_chats == 0 and gate.waiting == 0 and engine.wanted == 0
 

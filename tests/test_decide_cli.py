@@ -13,11 +13,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from semif_proxy.decisions import decide
-from semif_proxy.engine import DecisionEngine
-from semif_proxy.examples import ROUTING_OPTIONS as OPTIONS
-from semif_proxy.examples import ROUTING_STATE as STATE
-from semif_proxy.prompt import render_decision
+from semif_proxy.api.decisions import decide
+from semif_proxy.engine.examples import ROUTING_OPTIONS as OPTIONS
+from semif_proxy.engine.examples import ROUTING_STATE as STATE
+from semif_proxy.engine.prompt import render_decision
+from semif_proxy.engine.worker import DecisionEngine
 from tests.conftest import GPU_LAYERS, engine_settings, running_llama_server
 from tests.test_engine import decision
 

@@ -19,7 +19,7 @@ from moto import mock_aws
 from semif_proxy.cli import main
 from semif_proxy.deploy import endpoint, image, package
 from semif_proxy.deploy.errors import DeployError
-from semif_proxy.model_files import MANIFEST_NAME, file_sha256, model_sha256
+from semif_proxy.model.files import MANIFEST_NAME, file_sha256, model_sha256
 
 REGION = "us-east-1"
 ROOT = Path(__file__).resolve().parent.parent

@@ -10,14 +10,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from semif_proxy import engine as worker
-from semif_proxy.decisions import decide
-from semif_proxy.engine import DecisionEngine
+from semif_proxy.api.decisions import decide
+from semif_proxy.api.schemas import Decision, Option
+from semif_proxy.engine import prefix_split
+from semif_proxy.engine.examples import ROUTING_OPTIONS as OPTIONS
+from semif_proxy.engine.examples import ROUTING_STATE as STATE
+from semif_proxy.engine.prompt import LETTERS, SYSTEM_TEXT
+from semif_proxy.engine.worker import DecisionEngine
 from semif_proxy.errors import InvalidRequest, PayloadTooLarge, Unavailable
-from semif_proxy.examples import ROUTING_OPTIONS as OPTIONS
-from semif_proxy.examples import ROUTING_STATE as STATE
-from semif_proxy.prompt import LETTERS, SYSTEM_TEXT
-from semif_proxy.schemas import Decision, Option
 from semif_proxy.settings import UBATCH_CPU, UBATCH_GPU
 from tests.conftest import GPU_LAYERS, engine_settings
 from tests.helpers.app_client import settled_ping
@@ -330,9 +330,12 @@ def test_boundary_merge_moves_the_split_back(tiny_boundary_model: Path) -> None:
         engine.close()
 
 
-def test_unproven_split_falls_back_to_full_evaluation(tiny_boundary_model: Path) -> None:
+def test_unproven_split_falls_back_to_full_evaluation(
+    tiny_boundary_model: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     engine = DecisionEngine.load(engine_settings(tiny_boundary_model, n_ctx=2048))
-    engine.boundary_slack = 0  # a merge across the boundary now fails the proof
+    # A merge across the boundary now fails the proof.
+    monkeypatch.setattr(prefix_split, "BOUNDARY_SLACK", 0)
     try:
         qs = [
             decision("a", state="short state"),
@@ -410,8 +413,8 @@ def test_a_failed_exactness_self_check_refuses_decisions(
     """A split that does not land on an aligned cell is what a libllama that places KV cells
     differently looks like: the self-check sees the split and the one-piece numbers differ,
     and the engine refuses decisions instead of serving numbers that depend on batching."""
-    real = worker.aligned_length
-    monkeypatch.setattr(worker, "aligned_length", lambda n, align: real(n, align) - 3)
+    real = prefix_split.aligned_length
+    monkeypatch.setattr(prefix_split, "aligned_length", lambda n, align: real(n, align) - 3)
     engine = DecisionEngine.load(engine_settings(tiny_model, n_ctx=2048))
     try:
         check = engine.exactness
@@ -437,10 +440,10 @@ def test_a_failed_self_check_keeps_ping_503_and_shows_in_health(
     /ping, /health and a decision all say so."""
     from aiohttp.test_utils import TestClient, TestServer
 
-    from semif_proxy.app import create_app
+    from semif_proxy.http.app import create_app
 
-    real = worker.aligned_length
-    monkeypatch.setattr(worker, "aligned_length", lambda n, align: real(n, align) - 3)
+    real = prefix_split.aligned_length
+    monkeypatch.setattr(prefix_split, "aligned_length", lambda n, align: real(n, align) - 3)
     settings = engine_settings(tiny_model, n_ctx=2048)
 
     async def scenario() -> None:

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from semif_proxy.engine_thread import EngineThread
+from semif_proxy.engine.thread import EngineThread
 from semif_proxy.settings import UBATCH_CPU, UBATCH_GPU
 from semif_proxy.testing.server import ProxyProcess, wait_for
 from tests.conftest import GPU_LAYERS
-from tests.test_cpu_slicer import long_decision
+from tests.helpers.long_decision import long_decision
 
 
 def test_calls_run_on_the_engine_thread_from_outside_and_inline_from_inside() -> None:
@@ -23,7 +23,9 @@ def test_calls_run_on_the_engine_thread_from_outside_and_inline_from_inside() ->
         inner = thread.call(threading.get_ident)
         assert inner != outside
         # A job that calls into the engine again runs inline instead of waiting for itself.
-        nested = thread.submit(lambda: (threading.get_ident(), thread.call(threading.get_ident)))
+        nested = thread.executor.submit(
+            lambda: (threading.get_ident(), thread.call(threading.get_ident))
+        )
         assert nested.result(timeout=10) == (inner, inner)
         assert not thread.current
     finally:

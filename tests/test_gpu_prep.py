@@ -18,8 +18,9 @@ import gguf
 import numpy as np
 import pytest
 
-from semif_proxy import gpu_memory, native, tiny_gguf
-from semif_proxy.gguf_info import GGUFError, SkippedArray, read_gguf
+from semif_proxy.engine import native
+from semif_proxy.model import gpu_memory, tiny_gguf
+from semif_proxy.model.gguf import GGUFError, SkippedArray, read_gguf
 from semif_proxy.settings import SettingsError, load_settings
 from tests.conftest import DEFAULT_MODEL
 
@@ -44,7 +45,7 @@ def random_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A 20M-parameter generated model, through the same command the GPU check runs."""
     out = tmp_path_factory.mktemp("random") / "m20.gguf"
     done = run_module(
-        "semif_proxy.tiny_gguf",
+        "semif_proxy.model.tiny_gguf",
         "--params",
         "20M",
         "--n-embd",
@@ -172,7 +173,7 @@ def test_every_listed_word_is_one_token(random_model: Path) -> None:
 def test_a_300m_parameter_model_is_written_in_seconds(tmp_path: Path) -> None:
     out = tmp_path / "m300.gguf"
     started = time.monotonic()
-    done = run_module("semif_proxy.tiny_gguf", "--params", "300M", "--out", str(out))
+    done = run_module("semif_proxy.model.tiny_gguf", "--params", "300M", "--out", str(out))
     took = time.monotonic() - started
     assert done.returncode == 0, done.stderr
     summary = json.loads(done.stdout)
@@ -361,12 +362,19 @@ def test_startup_check_stops_serve_with_a_configuration_error(random_model: Path
 
 
 def test_memory_command_line(random_model: Path) -> None:
-    done = run_module("semif_proxy.gpu_memory", "--model", str(random_model), "--free-gib", "0.5")
+    done = run_module(
+        "semif_proxy.model.gpu_memory", "--model", str(random_model), "--free-gib", "0.5"
+    )
     assert done.returncode == 0, done.stderr
     out = json.loads(done.stdout)
     assert not out["verdict"]["fits"] and "SEMIF_CHAT=off" in out["message"]
     done = run_module(
-        "semif_proxy.gpu_memory", "--model", str(random_model), "--choices", "--free-gib", "80"
+        "semif_proxy.model.gpu_memory",
+        "--model",
+        str(random_model),
+        "--choices",
+        "--free-gib",
+        "80",
     )
     assert all(c["fits"] for c in json.loads(done.stdout)["choices"].values())
 

@@ -12,10 +12,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from semif_proxy import label_tree
-from semif_proxy.engine import SEQUENCE_READOUT, SINGLE_OPTION, DecisionEngine, Question
-from semif_proxy.errors import InvalidRequest
-from semif_proxy.prompt import (
+from semif_proxy.api.systemone import ScoreQuestion, build_spec
+from semif_proxy.engine import label_tree
+from semif_proxy.engine.prompt import (
     MAX_OPTIONS,
     NUMBER_LABELS,
     ChatTemplate,
@@ -23,8 +22,10 @@ from semif_proxy.prompt import (
     labels_for,
     render_decision,
 )
+from semif_proxy.engine.questions import SEQUENCE_READOUT, SINGLE_OPTION, Question
+from semif_proxy.engine.worker import DecisionEngine
+from semif_proxy.errors import InvalidRequest
 from semif_proxy.settings import SettingsError, load_settings
-from semif_proxy.systemone import ScoreQuestion, build_spec
 from semif_proxy.testing.server import ProxyProcess
 from tests.conftest import engine_settings
 

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from semif_proxy import native
-from semif_proxy.llama_args import LlamaArgsError, env_to_args
-from semif_proxy.llama_flags import FlagTable, parse_help, read_flags
+from semif_proxy.engine import native
+from semif_proxy.llama_server.args import LlamaArgsError, env_to_args
+from semif_proxy.llama_server.flags import FlagTable, parse_help, read_flags
 from semif_proxy.settings import SettingsError, load_settings
 from semif_proxy.testing.server import ProxyProcess, free_port
 

@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from semif_proxy import native
-from semif_proxy.llama_version import parse_version
+from semif_proxy.engine import native
+from semif_proxy.llama_server.version import parse_version
 
 
 def test_the_real_output_of_the_pinned_build() -> None:
@@ -56,7 +56,7 @@ def test_unparseable_output_is_an_error_not_a_skip(text: str) -> None:
 
 def test_the_command_the_builder_stage_runs() -> None:
     ok = subprocess.run(
-        [sys.executable, "-m", "semif_proxy.llama_version"],
+        [sys.executable, "-m", "semif_proxy.llama_server.version"],
         input="version: 10433 (9b05354ec)\n",
         capture_output=True,
         text=True,
@@ -64,7 +64,7 @@ def test_the_command_the_builder_stage_runs() -> None:
     )
     assert (ok.returncode, ok.stdout) == (0, "10433 9b05354ec\n")
     bad = subprocess.run(
-        [sys.executable, "-m", "semif_proxy.llama_version"],
+        [sys.executable, "-m", "semif_proxy.llama_server.version"],
         input="nothing useful\n",
         capture_output=True,
         text=True,

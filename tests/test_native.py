@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from semif_proxy import native
+from semif_proxy.engine import native
 from tests.conftest import GPU_LAYERS
 
 PROMPT = "<|im_start|>user\nIs the sky blue? Answer yes or no.<|im_end|>\n<|im_start|>assistant\n"

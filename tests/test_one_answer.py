@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from semif_proxy.examples import ROUTING_OPTIONS as OPTIONS
-from semif_proxy.examples import ROUTING_STATE as STATE
+from semif_proxy.engine.examples import ROUTING_OPTIONS as OPTIONS
+from semif_proxy.engine.examples import ROUTING_STATE as STATE
 from semif_proxy.testing.server import ProxyProcess
 
 # Default settings: none of the test harness's thread or slot pinning.

@@ -87,9 +87,9 @@ def test_wheel_mode_a_carries_engine_libs_and_server(tmp_path: Path) -> None:
     assert any(n.startswith("semif_proxy/_engine.") and n.endswith(".so") for n in names)
     for lib in ("libllama.so", "libggml.so", "libggml-base.so", "libggml-cpu.so", "llama-server"):
         assert f"semif_proxy/llama/{lib}" in names, lib
-    assert "semif_proxy/app.py" in names and not any(".cpp" in n for n in names)
+    assert "semif_proxy/http/app.py" in names and not any(".cpp" in n for n in names)
     for asset in ("index.html", "app.js", "examples.js", "style.css"):
-        assert f"semif_proxy/playground/{asset}" in names, asset
+        assert f"semif_proxy/http/playground/{asset}" in names, asset
     tree = tmp_path / "unpacked"
     zipfile.ZipFile(wheel).extractall(tree)
     engine = next((tree / "semif_proxy").glob("_engine.*.so"))

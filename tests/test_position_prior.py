@@ -14,10 +14,11 @@ import numpy as np
 import pytest
 import typesafe_sdk as ts
 
-from semif_proxy import position_prior, rows_log
+from semif_proxy.api import rows_log
+from semif_proxy.api.rotations import rotations
+from semif_proxy.calibration import position_prior
 from semif_proxy.cli import main
-from semif_proxy.examples import ROUTING_OPTIONS, ROUTING_STATE
-from semif_proxy.rotations import rotations
+from semif_proxy.engine.examples import ROUTING_OPTIONS, ROUTING_STATE
 from semif_proxy.settings import SettingsError, load_settings
 from semif_proxy.testing.server import ProxyProcess, wait_for
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from semif_proxy.prompt import (
+from semif_proxy.engine.prompt import (
     CHATML_TEMPLATE,
     PROMPT_VERSION,
     SYSTEM_TEXT,
@@ -78,8 +78,8 @@ def test_letter_check_reports_merges_across_the_answer_boundary() -> None:
 def test_special_token_policy_walks_every_string_in_document_order() -> None:
     import pytest
 
+    from semif_proxy.engine.injection import SpecialTokenPolicy, walk_strings
     from semif_proxy.errors import InvalidRequest
-    from semif_proxy.injection import SpecialTokenPolicy, walk_strings
 
     value = {"a": ["x", {"<k>": "y"}], "b": "z"}
     assert list(walk_strings(value, "s")) == [

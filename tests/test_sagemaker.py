@@ -21,7 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from semif_proxy.settings import DEFAULT_MAX_BODY_BYTES, load_settings
+from semif_proxy import cli, entrypoint
+from semif_proxy.settings import DEFAULT_MAX_BODY_BYTES, SettingsError, load_settings
 from semif_proxy.testing.server import ProxyProcess, Reply, wait_for
 
 # Probe fast, and never restart on failed probes unless a test asks for it.
@@ -85,6 +86,60 @@ def test_entrypoint_refuses_anything_but_serve_in_one_line() -> None:
     assert out.stderr.count("\n") == 1 and "'train'" in out.stderr and "serve" in out.stderr
 
 
+def test_off_sagemaker_the_defaults_are_closed(model_path: Path) -> None:
+    """`semif-proxy serve` listens on loopback and keeps /invocations behind the key unless told
+    otherwise; the image's entrypoint sets the other defaults (below)."""
+    settings = load_settings({}, model=str(model_path))
+    assert settings.host == "127.0.0.1" and settings.invocations_public is False
+    env = {"SEMIF_INVOCATIONS_PUBLIC": "true", "SEMIF_HOST": "0.0.0.0"}
+    opened = load_settings(env, model=str(model_path))
+    assert opened.host == "0.0.0.0" and opened.invocations_public is True
+    with pytest.raises(SettingsError, match="SEMIF_INVOCATIONS_PUBLIC"):
+        load_settings({"SEMIF_INVOCATIONS_PUBLIC": "maybe"}, model=str(model_path))
+
+
+@pytest.mark.parametrize(
+    ("argv", "env", "host", "public"),
+    [
+        (["serve"], {}, "0.0.0.0", "true"),  # SageMaker: its edge authenticates /invocations
+        ([], {}, "0.0.0.0", None),  # `docker run -p <image>`: no SageMaker in front
+        # A value set explicitly wins (blank counts as unset, as settings.py reads it).
+        (["serve"], {"SEMIF_INVOCATIONS_PUBLIC": "false"}, "0.0.0.0", "false"),
+        (
+            ["serve"],
+            {"SEMIF_HOST": "127.0.0.1", "SEMIF_INVOCATIONS_PUBLIC": " "},
+            "127.0.0.1",
+            "true",
+        ),
+        ([], {"SEMIF_INVOCATIONS_PUBLIC": "on"}, "0.0.0.0", "on"),
+    ],
+)
+def test_entrypoint_defaults_where_unset(
+    argv: list[str],
+    env: dict[str, str],
+    host: str,
+    public: str | None,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A copy: what the entrypoint sets must not leak into the servers later tests start.
+    names = ("SEMIF_HOST", "SEMIF_INVOCATIONS_PUBLIC")
+    copy = {k: v for k, v in os.environ.items() if k not in names}
+    monkeypatch.setattr(os, "environ", {**copy, **env})
+    seen: dict[str, object] = {}
+
+    def serve(args: list[str]) -> int:
+        seen["argv"] = args
+        seen["env"] = {k: os.environ.get(k) for k in names}
+        return 0
+
+    monkeypatch.setattr(cli, "main", serve)
+    assert entrypoint.main(argv) == 0
+    assert seen == {
+        "argv": ["serve"],
+        "env": {"SEMIF_HOST": host, "SEMIF_INVOCATIONS_PUBLIC": public},
+    }
+
+
 @pytest.mark.parametrize("argv", [["serve"], []], ids=["serve", "no-arguments"])
 def test_entrypoint_serves_with_sagemakers_argv(
     argv: list[str], model_path: Path, tmp_path: Path
@@ -94,11 +149,34 @@ def test_entrypoint_serves_with_sagemakers_argv(
     model_dir.mkdir(parents=True)
     (model_dir / model_path.name).symlink_to(model_path)
     model_dir.chmod(0o555)
-    server = ProxyProcess(None, {"SM_LLAMA_CPP_MODEL_DIR": str(model_dir), "SEMIF_CHAT": "off"})
+    key = "s3cr3t-sm"
+    env = {
+        "SM_LLAMA_CPP_MODEL_DIR": str(model_dir),
+        "SEMIF_CHAT": "off",
+        "SEMIF_API_KEY": key,
+        "SEMIF_HOST": None,  # the image's default
+    }
+    server = ProxyProcess(None, env, log_path=tmp_path / "entrypoint.log")
     server.command = [sys.executable, "-m", "semif_proxy.entrypoint", *argv]
+    sagemaker = argv == ["serve"]
     try:
         server.start()
-        assert server.call("POST", "/invocations", {"decision": ROUTING}).status == 200
+        # `serve` is SageMaker's argv: its edge authenticates /invocations, which sends no key
+        # of ours. With no arguments (`docker run -p`) it needs the key like every route.
+        keyless = server.call("POST", "/invocations", {"decision": ROUTING})
+        assert keyless.status == (200 if sagemaker else 401), keyless.body[:300]
+        keyed = server.call(
+            "POST", "/invocations", {"decision": ROUTING}, {"Authorization": f"Bearer {key}"}
+        )
+        assert keyed.status == 200, keyed.body[:300]
+        assert server.call("POST", "/v1/decisions", {"decision": ROUTING}).status == 401
+        # Every address, as SageMaker (or `docker run -p`) needs; the log line says so.
+        events = [json.loads(li) for li in server.log_lines()]
+        [listening] = [e for e in events if e.get("event") == "listening"]
+        assert (listening["host"], listening["port"]) == ("0.0.0.0", server.port)
+        assert listening["api_key_set"] is True
+        assert listening["invocations_public"] is sagemaker
+        assert key not in server.log_path.read_text()
     finally:
         assert server.stop() == 0
         model_dir.chmod(0o755)

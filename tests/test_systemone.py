@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 import typesafe_sdk as ts
 
-from semif_proxy import rotations
-from semif_proxy.jevbench import DEFAULT_DIR, predicted_label, read_tasks, task_files
+from semif_proxy.api import rotations
+from semif_proxy.eval.jevbench import DEFAULT_DIR, predicted_label, read_tasks, task_files
 from semif_proxy.settings import DEFAULT_MAX_BODY_BYTES
 from semif_proxy.testing.server import ProxyProcess
 
@@ -122,7 +122,7 @@ def test_sdk_error_classes(keyed: ProxyProcess) -> None:
         assert only.choices["q"].choice == "only"
 
 
-def test_api_key_guards_v1_but_not_ping_or_invocations(keyed: ProxyProcess) -> None:
+def test_api_key_guards_v1_and_invocations_but_not_ping(keyed: ProxyProcess) -> None:
     body = {"model": "jev-latest", "state": STATE, "questions": {"q": {"type": "noul"}}}
     missing = keyed.call("POST", "/v1/systemone", body)
     assert missing.status == 401 and missing.headers.get("X-Request-Id")
@@ -130,7 +130,9 @@ def test_api_key_guards_v1_but_not_ping_or_invocations(keyed: ProxyProcess) -> N
     assert keyed.call("GET", "/v1/models").status == 401
     assert keyed.call("POST", "/v1/systemone", body, auth()).status == 200
     assert keyed.call("GET", "/ping").status == 200
-    assert keyed.call("POST", "/invocations", body).status == 200  # SageMaker signs these itself
+    # Off SageMaker (`semif-proxy serve`) /invocations needs the key like every compute route.
+    assert keyed.call("POST", "/invocations", body).status == 401
+    assert keyed.call("POST", "/invocations", body, auth()).status == 200
 
 
 def test_large_bodies_arrive_zstd_compressed(

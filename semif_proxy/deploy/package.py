@@ -14,7 +14,7 @@ from typing import Any
 
 from semif_proxy.deploy import s3uri
 from semif_proxy.deploy.errors import DeployError, aws_errors
-from semif_proxy.model_files import MANIFEST_NAME, file_sha256
+from semif_proxy.model.files import MANIFEST_NAME, file_sha256
 
 
 def normalize(info: tarfile.TarInfo) -> tarfile.TarInfo:

@@ -1,7 +1,7 @@
 """What the GPU check (scripts/gpu_check.sh) changes in the suite, by environment variable.
 
 The GPU host cannot fetch SmolLM2 (no network; 98 MB is over what a run may carry), so the
-suite runs there on a generated random-weight model (`python -m semif_proxy.tiny_gguf`):
+suite runs there on a generated random-weight model (`python -m semif_proxy.model.tiny_gguf`):
 - SEMIF_TEST_GENERATED_MODEL=1: tests that assert SmolLM2's own numbers (its sha256, its
   vocabulary size) are skipped, with the reason;
 - SEMIF_TEST_GPU_LAYERS other than 0: tests whose premise is a CPU-speed prefill (a 3,800-token

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from semif_proxy import native
+from semif_proxy.engine import native
 
 
 class LlamaGate:

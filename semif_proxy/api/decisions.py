@@ -1,0 +1,186 @@
+"""The decisions API (`/v1/decisions`, decision-shaped `/invocations`, `semif-proxy decide`)
+mapped onto the decision engine: a request becomes engine questions (each in the option orders
+it asks for), the engine's scored rows become result bodies.
+
+No HTTP here: the route parses the body, runs `answer` on the engine thread and renders it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from semif_proxy.api import rotations, rows_log
+from semif_proxy.api.rotations import Rotated
+from semif_proxy.api.schemas import (
+    Decision,
+    SharedRequest,
+    SingleRequest,
+    check_count,
+    check_shared,
+    parse,
+)
+from semif_proxy.engine.prompt import prompt_sha256
+from semif_proxy.engine.questions import Question, Scored
+from semif_proxy.engine.worker import DecisionEngine
+
+
+@dataclass(frozen=True)
+class DecisionRequest:
+    """A validated decisions request: its decisions, their field paths, and its shape."""
+
+    decisions: list[Decision]
+    paths: list[str]
+    single: bool  # {"decision": ...} rather than {"decisions": [...]}
+
+
+def parse_request(
+    body: dict[str, Any], max_decisions: int | None = None, max_options: int | None = None
+) -> DecisionRequest:
+    """Validate a body of either shape (400/413 with the exact field on failure); the count
+    limits are SEMIF_MAX_DECISIONS and SEMIF_MAX_OPTIONS on the server, none on the command
+    line (past the API's own 255 options)."""
+    if max_decisions is not None and isinstance(body.get("decisions"), list):
+        # Counted before validation: validating (and reporting) a million bad entries is
+        # seconds of work and gigabytes of error objects on the event loop.
+        check_count(len(body["decisions"]), "decisions", max_decisions)
+    if max_options is not None:
+        listed = [("decision", body.get("decision"))]
+        if isinstance(body.get("decisions"), list):
+            listed = [(f"decisions[{i}]", d) for i, d in enumerate(body["decisions"])]
+        for path, decision in listed:
+            options = decision.get("options") if isinstance(decision, dict) else None
+            if isinstance(options, list):
+                check_count(len(options), f"{path}.options", max_options, "SEMIF_MAX_OPTIONS")
+    if "decision" in body:
+        single = parse(SingleRequest, body)
+        return DecisionRequest([single.decision], ["decision"], single=True)
+    shared = parse(SharedRequest, body)
+    check_shared(shared)
+    paths = [f"decisions[{i}]" for i in range(len(shared.decisions))]
+    return DecisionRequest(list(shared.decisions), paths, single=False)
+
+
+def rotated_questions(
+    engine: DecisionEngine, decisions: Sequence[Decision], paths: Sequence[str]
+) -> list[Rotated]:
+    """Each decision in the option orders it is asked in: its own order first, then the
+    rotations it asks for (or SEMIF_PERMUTATIONS)."""
+    settings = engine.settings
+    temperature = settings.temperature.for_type("decision")
+    prior = settings.position_prior
+    return [
+        Rotated.of(
+            Question(
+                path=path,
+                id=d.id,
+                state=d.state,
+                question=d.question,
+                descriptions=tuple(o.description for o in d.options),
+                temperature=temperature,
+                return_prompt=d.return_prompt,
+                log_position_prior=(
+                    prior.log_prior("decision", len(d.options)) if d.position_prior else None
+                ),
+            ),
+            d.permutations or settings.permutations,
+        )
+        for d, path in zip(decisions, paths)
+    ]
+
+
+def rotation_fields(orders: list[list[int]], runs: Sequence[Scored]) -> dict[str, Any]:
+    """The mean over rotations, in the request's option order. `prompt` and `prompt_sha256`
+    stay those of the request's own order; the logits of every rotation are reported."""
+    probs, moved = rotations.combine([(o, r.probabilities) for o, r in zip(orders, runs)])
+    logits = [rotations.back_to_request_order(o, r.option_logits) for o, r in zip(orders, runs)]
+    return {
+        "probabilities": [float(p) for p in probs],
+        "option_logits": [float(v) for v in np.mean(logits, axis=0)],
+        "input_tokens": sum(r.input_tokens for r in runs),
+        "allowed_token_mass": float(np.mean([r.allowed_token_mass for r in runs])),
+        "readout": f"{runs[0].readout}, mean of {len(runs)} rotations",
+        "rotations": {
+            "orders": orders,
+            "option_logits": [[float(v) for v in row] for row in logits],
+            "argmax_moved": moved,
+        },
+    }
+
+
+def result_body(
+    model_info: dict[str, Any],
+    decision: Decision,
+    orders: list[list[int]],
+    runs: Sequence[Scored],
+    timing: dict[str, Any],
+) -> dict[str, Any]:
+    first = runs[0]
+    body: dict[str, Any] = {
+        "id": decision.id,
+        "option_ids": [o.id for o in decision.options],
+        "probabilities": [float(p) for p in first.probabilities],
+        "option_logits": [float(v) for v in first.option_logits],
+        "input_tokens": first.input_tokens,
+        "allowed_token_mass": first.allowed_token_mass,
+        "prompt_sha256": prompt_sha256(first.prompt),
+        "prompt_version": first.prompt_version,
+        "readout": first.readout,
+        # Whether a fitted position prior (SEMIF_CALIBRATION) was divided out of probabilities.
+        "position_prior": first.question.position_prior,
+        "model": model_info,
+        "timing": {
+            "forward_seconds": timing["forward_seconds"],
+            "total_seconds": timing["total_seconds"],
+        },
+    }
+    if len(runs) > 1:
+        body.update(rotation_fields(orders, runs))
+    if first.first_token_logits is not None:
+        body["first_token_logits"] = [float(v) for v in first.first_token_logits]
+    if decision.return_prompt:
+        body["prompt"] = first.prompt
+    return body
+
+
+def decide(
+    engine: DecisionEngine, decisions: Sequence[Decision], paths: Sequence[str]
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Result bodies in request order, and the request's timing. Runs on the engine thread."""
+    asked = rotated_questions(engine, decisions, paths)
+    evaluation = engine.evaluate_checked(rotations.flatten(asked))
+    runs = rotations.regroup(asked, evaluation.scored)
+    rows_log.record(
+        engine.settings.rows_log,
+        (
+            rows_log.question_line(
+                engine.model_info,
+                "decisions",
+                "decision",
+                d.id,
+                [o.id for o in d.options],
+                r.orders,
+                scored,
+            )
+            for d, r, scored in zip(decisions, asked, runs)
+            if len(d.options) > 1  # one option: no model call, nothing to learn from
+        ),
+    )
+    bodies = [
+        result_body(engine.model_info, d, r.orders, scored, evaluation.timing)
+        for d, r, scored in zip(decisions, asked, runs)
+    ]
+    return bodies, evaluation.timing
+
+
+def answer(engine: DecisionEngine, request: DecisionRequest) -> tuple[dict[str, Any], int]:
+    """The response body of either shape, and the prompt tokens it counted (for the access
+    log). Runs on the engine thread."""
+    results, timing = decide(engine, request.decisions, request.paths)
+    tokens = sum(r["input_tokens"] for r in results)
+    if request.single:
+        return {"result": results[0]}, tokens
+    return {"results": results, "timing": timing}, tokens

@@ -1,0 +1,99 @@
+"""The one registry of decision services. Every caller that answers a decision or System One
+body (`POST /invocations`, a JSON Lines line, eval's in-process target, `semif-proxy decide`)
+finds its service here by the body's shape, and every service has the same shape:
+
+- `plan(body, settings, sha256)` validates the body and builds its engine questions (off the
+  engine thread; a 4xx `ApiError` for bad input);
+- `answer(engine, planned)` runs it on the engine thread and returns an `Answered` (the
+  response body and the prompt tokens it counted);
+- `state(planned)` is the state the request asks about (JSON Lines groups lines by it).
+
+Chat is no service here: the HTTP layer forwards it to llama-server.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+from semif_proxy.api import decisions, shapes, systemone
+
+if TYPE_CHECKING:
+    from semif_proxy.engine.worker import DecisionEngine
+    from semif_proxy.settings import Settings
+
+
+@dataclass(frozen=True)
+class Answered:
+    """A service's answer: the response body, and the prompt tokens it counted (the access
+    log's `tokens`, System One's `usage.input_tokens`)."""
+
+    body: dict[str, Any]
+    input_tokens: int
+
+
+class Service(Protocol):
+    name: str
+
+    def plan(self, body: dict[str, Any], settings: Settings, sha256: str) -> Any: ...
+
+    def answer(self, engine: DecisionEngine, planned: Any) -> Answered: ...
+
+    def state(self, planned: Any) -> Any: ...
+
+
+@dataclass(frozen=True)
+class Decisions:
+    """`{"decision": ...}` and `{"decisions": [...]}`. `limited=False` (the command line)
+    checks only the API's own limits, not the server's SEMIF_MAX_DECISIONS/_OPTIONS."""
+
+    limited: bool = True
+    name: str = "decisions"
+
+    def plan(
+        self, body: dict[str, Any], settings: Settings, sha256: str
+    ) -> decisions.DecisionRequest:
+        if not self.limited:
+            return decisions.parse_request(body)
+        return decisions.parse_request(body, settings.max_decisions, settings.max_options)
+
+    def answer(self, engine: DecisionEngine, planned: decisions.DecisionRequest) -> Answered:
+        body, tokens = decisions.answer(engine, planned)
+        return Answered(body, tokens)
+
+    def state(self, planned: decisions.DecisionRequest) -> Any:
+        return planned.decisions[0].state
+
+
+@dataclass(frozen=True)
+class SystemOne:
+    """TypeSafe's System One request (`{"model", "state", "questions"}`)."""
+
+    name: str = "systemone"
+
+    def plan(self, body: dict[str, Any], settings: Settings, sha256: str) -> systemone.Plan:
+        return systemone.plan(body, settings, sha256)
+
+    def answer(self, engine: DecisionEngine, planned: systemone.Plan) -> Answered:
+        body = systemone.answer(engine, planned, strict=engine.settings.strict)
+        return Answered(body, body["usage"]["input_tokens"])
+
+    def state(self, planned: systemone.Plan) -> Any:
+        return planned.request.state
+
+
+SERVICES: dict[str, Service] = {"decisions": Decisions(), "systemone": SystemOne()}
+
+
+def for_shape(shape: str | None) -> Service | None:
+    """The service for a body shape (shapes.request_shape); None for chat and the unknown."""
+    return SERVICES.get(shape or "")
+
+
+def for_body(body: dict[str, Any]) -> Service:
+    """The service a decision or System One body is for; a 400 naming the accepted shapes
+    for any other body (chat included: callers that serve chat look at the shape first)."""
+    service = for_shape(shapes.request_shape(body))
+    if service is None:
+        raise shapes.unrecognised(body)
+    return service

@@ -1,0 +1,144 @@
+"""One compute job at a time on the CPU, so each gets every core.
+
+The engine and llama-server both run with all cores. A decision holds the gate alone; chat
+requests hold it together (llama-server batches concurrent requests in one forward pass, so they
+share the cores well). When both kinds wait, the gate alternates: after a decision, every chat
+that waits goes in; once those chats are done, the next decision. So a chat waits for at most
+one decision and a decision for at most the chats already running; new chats queue behind a
+waiting decision, and a stream of chats cannot starve decisions (nor the reverse). Two jobs
+run side by side on shared cores would each take about twice as long; one after the other, the
+first answer comes about twice as early and the second no later.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections import deque
+from collections.abc import AsyncIterator
+from typing import Any
+
+from semif_proxy.errors import Timeout
+
+
+def no_turn(timeout: float | None) -> Timeout:
+    """The error of a call that waited its whole deadline for the CPU."""
+    return Timeout(
+        f"waited {timeout:g}s for the CPU without a turn "
+        "(SEMIF_REQUEST_TIMEOUT; SageMaker cuts real-time invocations at 60 s)",
+        limit=timeout,
+    )
+
+
+class CpuGate:
+    """A CpuPolicy (cpu/policy.py): `gate` when enabled; `split` and `none` pass every turn
+    at once (the cores are divided by thread counts, or nothing needs guarding)."""
+
+    second_server = False
+
+    def __init__(self, enabled: bool = True, name: str = "gate") -> None:
+        self.name = name
+        self.enabled = enabled
+        self.shared_holders = 0
+        self.exclusive_held = False
+        self.waits = 0  # acquisitions that had to queue
+        self._queue: deque[tuple[bool, asyncio.Future[None]]] = deque()
+
+    @property
+    def waiting(self) -> int:
+        return sum(1 for _, fut in self._queue if not fut.done())
+
+    def attach(self, engine: Any = None, server: Any = None, split: Any = None) -> None:
+        """Nothing to steer: the gate only orders turns."""
+
+    def stats(self, engine: Any = None) -> dict[str, Any]:
+        return {}
+
+    @contextlib.asynccontextmanager
+    async def engine_turn(self, timeout: float | None = None) -> AsyncIterator[None]:
+        async with self._held(True, timeout):
+            yield
+
+    @contextlib.asynccontextmanager
+    async def chat_turn(self, timeout: float | None = None) -> AsyncIterator[None]:
+        async with self._held(False, timeout):
+            yield
+
+    @contextlib.asynccontextmanager
+    async def _held(self, exclusive: bool, timeout: float | None) -> AsyncIterator[None]:
+        if not self.enabled:
+            yield
+            return
+        await self._acquire(exclusive, timeout)
+        try:
+            yield
+        finally:
+            self._release(exclusive)
+
+    def _free_for(self, exclusive: bool) -> bool:
+        if exclusive:
+            return not self.exclusive_held and self.shared_holders == 0
+        return not self.exclusive_held
+
+    def _enter(self, exclusive: bool) -> None:
+        if exclusive:
+            self.exclusive_held = True
+        else:
+            self.shared_holders += 1
+
+    def _exclusive_waiting(self) -> bool:
+        return any(exclusive and not fut.done() for exclusive, fut in self._queue)
+
+    async def _acquire(self, exclusive: bool, timeout: float | None) -> None:
+        if exclusive:
+            may_enter = self._free_for(True) and not self.waiting
+        else:
+            may_enter = self._free_for(False) and not self._exclusive_waiting()
+        if may_enter:
+            self._enter(exclusive)
+            return
+        self.waits += 1
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._queue.append((exclusive, fut))
+        try:
+            await asyncio.wait_for(asyncio.shield(fut), timeout)
+        except BaseException as exc:
+            if fut.done() and not fut.cancelled():
+                self._release(exclusive)  # granted in the very moment the caller gave up
+            else:
+                fut.cancel()
+                self._wake()  # a waiter behind this one may be free to go now
+            if isinstance(exc, asyncio.TimeoutError):
+                raise no_turn(timeout) from None
+            raise
+
+    def _release(self, exclusive: bool) -> None:
+        if exclusive:
+            self.exclusive_held = False
+        else:
+            self.shared_holders -= 1
+        self._wake(after_exclusive=exclusive)
+
+    def _wake(self, after_exclusive: bool = False) -> None:
+        live = [(exclusive, fut) for exclusive, fut in self._queue if not fut.done()]
+        self._queue = deque(live)
+        if self.exclusive_held or not live:
+            return
+        shared = [fut for exclusive, fut in live if not exclusive]
+        first_exclusive = next((fut for exclusive, fut in live if exclusive), None)
+        if (
+            self.shared_holders == 0
+            and first_exclusive is not None
+            and not (after_exclusive and shared)
+        ):
+            grant = [first_exclusive]
+            self.exclusive_held = True
+        elif shared and (after_exclusive or first_exclusive is None):
+            grant = shared  # the chat phase: every chat that waits
+            self.shared_holders += len(shared)
+        else:
+            return
+        granted = {id(fut) for fut in grant}
+        self._queue = deque(e for e in self._queue if id(e[1]) not in granted)
+        for fut in grant:
+            fut.set_result(None)

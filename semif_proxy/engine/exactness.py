@@ -1,0 +1,86 @@
+"""The exactness self-check at load: a decision split as requests are served must give the
+letter logits of its one-piece prompt on the libllama this process runs."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from semif_proxy.engine import prefix_split
+from semif_proxy.engine.examples import ROUTING_OPTIONS, ROUTING_QUESTION, ROUTING_STATE
+from semif_proxy.engine.prompt import render_decision
+
+if TYPE_CHECKING:
+    from semif_proxy.engine.worker import DecisionEngine
+
+# Letter logits of a split evaluation may differ from the one-piece evaluation by this much when
+# layers run on a GPU (its kernels are not bit-exact); on the CPU they must be identical.
+GPU_TOLERANCE = 1e-3
+
+
+@dataclass(frozen=True)
+class ExactnessCheck:
+    """The start-up comparison of a split evaluation (as requests are served) with the one-piece
+    evaluation of the same prompts, on the libllama this process runs."""
+
+    passed: bool
+    max_abs_difference: float  # over every letter logit of every sample prompt
+    tolerance: float
+    prefix_tokens: int
+    suffix_tokens: list[int]
+    branch_mode: str
+    seconds: float
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def check(engine: DecisionEngine) -> ExactnessCheck:
+    """Score the routing example's prompts split (aligned prefix, then each question's
+    suffix, as requests are served) and whole (each prompt in one piece, as llama-server
+    evaluates it), and compare every letter logit. The promise that a decision gets the
+    numbers of its whole prompt rests on where this libllama places KV cells; a build
+    that places them differently (the container links the base image's own) is caught
+    here, at load, instead of answering with numbers that depend on batching."""
+    start = time.perf_counter()
+    descriptions = [d for _, d in ROUTING_OPTIONS]
+    questions = [ROUTING_QUESTION, "Which team owns this?"]
+    rendered = [render_decision(engine.template, ROUTING_STATE, q, descriptions) for q in questions]
+    fulls = [engine.tokenize_prompt(r.text) for r in rendered]
+    prefix, _ = prefix_split.split(
+        engine.tokenize_prompt(rendered[0].state_prefix), fulls, engine.core.cell_align
+    )
+    if not prefix:  # no proven split of this state: check on the prompts' common tokens
+        common = prefix_split.shared_prefix(fulls[0], fulls)
+        prefix = common[: prefix_split.aligned_length(len(common), engine.core.cell_align)]
+    tolerance = GPU_TOLERANCE if engine.offloaded else 0.0
+    if not prefix:  # nothing to split (prompts shorter than one cell block): all go whole
+        return ExactnessCheck(True, 0.0, tolerance, 0, [], engine.branch_mode, 0.0)
+    suffixes = [f[len(prefix) :] for f in fulls]
+    engine.core.reset()
+    # The prefix first, alone: every question is then decoded after a held prefix, the path
+    # whose cell placement is in question (a first question evaluated together with a fresh
+    # prefix is a one-piece evaluation by construction).
+    engine.core.score(prefix, [[]], engine.letter_ids)
+    split, _, _ = engine.core.score(prefix, suffixes, engine.letter_ids, engine.branch_mode)
+    whole = []
+    for full in fulls:
+        engine.core.reset()
+        logits, _, _ = engine.core.score(full, [[]], engine.letter_ids)
+        whole.append(logits[0])
+    engine.core.reset()
+    difference = float(
+        np.max(np.abs(np.asarray(split, np.float64) - np.asarray(whole, np.float64)))
+    )
+    return ExactnessCheck(
+        passed=bool(difference <= tolerance),  # NaN fails
+        max_abs_difference=difference,
+        tolerance=tolerance,
+        prefix_tokens=len(prefix),
+        suffix_tokens=[len(s) for s in suffixes],
+        branch_mode=engine.branch_mode,
+        seconds=time.perf_counter() - start,
+    )

@@ -1,0 +1,140 @@
+"""What the engine takes and gives: a `Question` (one decision as the engine sees it), its
+`Scored` row, a request's `Evaluation`, and the timing every answer reports."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from semif_proxy.engine.label_tree import LabelTree
+    from semif_proxy.engine.prompt import RenderedPrompt
+
+# What an answer's numbers are (named in every answer as `readout`).
+LETTER_READOUT = "letter-logits"
+SEQUENCE_READOUT = "label-sequence-logprobs"
+SINGLE_OPTION = "single-option"  # probability 1, no model call
+
+
+@dataclass(frozen=True)
+class Question:
+    """One decision as the engine sees it: where it came from, what it asks, how to score it."""
+
+    path: str  # request field path, for error messages ("decisions[2]")
+    id: str
+    state: Any
+    question: str
+    descriptions: tuple[str, ...]
+    temperature: float = 1.0
+    return_prompt: bool = False
+    # Log of the model's prior on each listed position (PriDe), subtracted from the option
+    # logits before the softmax; None: no prior. Raw option logits are reported unchanged.
+    log_position_prior: tuple[float, ...] | None = None
+
+    @property
+    def position_prior(self) -> str:
+        """What every answer reports: `applied` when a fitted prior is divided out of this
+        question's probabilities, `none` otherwise."""
+        return "applied" if self.log_position_prior else "none"
+
+
+@dataclass
+class Scored:
+    question: Question
+    # Letters: each letter's raw logit. Numbers: each label sequence's log-probability.
+    option_logits: np.ndarray
+    probabilities: np.ndarray
+    allowed_token_mass: float
+    input_tokens: int
+    prompt: str
+    readout: str = LETTER_READOUT
+    prompt_version: str | None = None
+    # Numbers: the raw logit of each option's first label token at the prompt's last position.
+    first_token_logits: np.ndarray | None = None
+
+
+@dataclass(frozen=True)
+class GroupPlan:
+    """The questions of a request that share one prompt head, ready to evaluate."""
+
+    questions: list[Question]
+    rendered: list[RenderedPrompt]
+    fulls: list[list[int]]
+    state_tokens: list[int]
+    prefix: list[int]  # the proven, aligned split; empty: each prompt whole
+    boundary: int
+    trees: list[LabelTree | None]  # per question: its label tree (numbers) or None (letters)
+    evaluated: int  # tokens the group evaluates
+
+
+@dataclass
+class Evaluation:
+    scored: list[Scored]
+    timing: dict[str, Any] = field(default_factory=dict)
+    evaluated_tokens: int = 0
+
+
+def timing(
+    mode: str,
+    *,
+    proven: bool = False,
+    prefix_tokens: int = 0,
+    boundary: int = 0,
+    alignment: int = 0,
+    reused: int = 0,
+    cache_hit: bool = False,
+    prefill_seconds: float = 0.0,
+    suffix_tokens: int = 0,
+    suffix_seconds: float = 0.0,
+) -> dict[str, Any]:
+    """One prompt head's timing block, the same keys in every mode (answers report it)."""
+    return {
+        "mode": mode,
+        "prefix_proven": proven,
+        "prefix_tokens": prefix_tokens,
+        "prefix_boundary_tokens": boundary,
+        "prefix_alignment_tokens": alignment,
+        "prefix_reused_tokens": reused,
+        "prefix_cache_hit": cache_hit,
+        "prefill_seconds": prefill_seconds,
+        "suffix_tokens": suffix_tokens,
+        "suffix_seconds": suffix_seconds,
+    }
+
+
+# No prompt head evaluated: every question had one option.
+NO_MODEL_TIMING: dict[str, Any] = {**timing("no_model_call"), "prompt_heads": 0}
+
+
+def add_stats(total: dict[str, Any], more: dict[str, Any]) -> dict[str, Any]:
+    """Stats of several engine calls on one prefix: seconds and tokens add up, the prefix was
+    reused (or restored from the cache) as the first call found it."""
+    if not total:
+        return dict(more)
+    out = dict(total)
+    for key in ("prefill_seconds", "suffix_seconds", "suffix_tokens"):
+        out[key] = total[key] + more[key]
+    return out
+
+
+def merge_timings(timings: list[dict[str, Any]]) -> dict[str, Any]:
+    """One request's timing over its prompt heads (letters and numbers have their own)."""
+    if len(timings) == 1:
+        return {**timings[0], "prompt_heads": 1}
+    out = dict(timings[0])
+    if len({t["mode"] for t in timings}) > 1:
+        out["mode"] = "mixed"
+    for key in (
+        "prefix_tokens",
+        "prefix_reused_tokens",
+        "prefill_seconds",
+        "suffix_tokens",
+        "suffix_seconds",
+    ):
+        out[key] = sum(t[key] for t in timings)
+    out["prefix_proven"] = all(t["prefix_proven"] for t in timings)
+    out["prefix_cache_hit"] = any(t["prefix_cache_hit"] for t in timings)
+    out["prompt_heads"] = len(timings)
+    return out

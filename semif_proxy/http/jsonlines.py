@@ -1,0 +1,337 @@
+"""JSON Lines bodies on POST /invocations: one request per line, one answer line per line.
+
+SageMaker Batch Transform with `SplitType=Line` sends one line per call (`SingleRecord`, what
+GET /execution-parameters advises) or as many lines as `MaxPayloadInMB` allows (`MultiRecord`),
+and with `AssembleWith=Line` writes the answers of every call one after another: the output
+only lines up with the input if each call answers exactly one line per line, in order. So a
+line that is bad input (not JSON, an unknown shape, a schema error, too many tokens or prompts,
+a blank line) is answered with an error object on its own line and never fails its neighbours.
+What is not the line's fault fails the whole call, so that SageMaker retries it and, failing
+that, fails the job: a line the deadline did not reach (504), an engine failure (503).
+
+No HTTP here: the route reads the body and runs the groups on the engine. This module splits the
+body into lines, validates each line on its own (before anything queues for the engine), groups
+the lines by state so that one state's lines run one after another (the engine keeps the last
+prefix it evaluated, so the state is prefilled once per group), answers lines on the engine
+thread, and renders the answer lines.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from semif_proxy.api import services, shapes
+from semif_proxy.errors import (
+    ApiError,
+    Cancelled,
+    EngineFailure,
+    InvalidRequest,
+    PayloadTooLarge,
+    Timeout,
+    Unavailable,
+    internal_error,
+)
+from semif_proxy.http.bodies import parse_json
+from semif_proxy.settings import Settings
+
+if TYPE_CHECKING:
+    from semif_proxy.api.services import Answered
+    from semif_proxy.engine.worker import DecisionEngine
+
+log = logging.getLogger("semif_proxy.jsonlines")
+
+# What Batch Transform jobs and clients send for JSON Lines; we answer in the first spelling.
+MEDIA_TYPES = frozenset({"application/jsonlines", "application/jsonl", "application/x-jsonlines"})
+CONTENT_TYPE = "application/jsonlines"
+MIB = 1 << 20
+MAX_PAYLOAD_MB = 100  # SageMaker's largest MaxPayloadInMB
+
+
+def execution_parameters(settings: Settings) -> dict[str, Any]:
+    """GET /execution-parameters: what a Batch Transform job that leaves them unset uses.
+
+    One line per call (SingleRecord): a line takes up to about half a second, so a call of
+    MultiRecord's thousands of lines would outrun the request deadline, and SageMaker would
+    write what the deadline did not reach as a failed call. Lines of one state still share its
+    prefill across calls through the engine's prefix cache. One call at a time: the engine
+    evaluates one job at a time, so a second concurrent call would only wait, its deadline
+    running. The payload is the body limit in whole MiB (SageMaker counts whole MB; 1 MiB is at
+    least 1 MB however it counts them), at least 1 (0 means streaming to SageMaker) and at most
+    SageMaker's 100."""
+    return {
+        "MaxConcurrentTransforms": 1,
+        "BatchStrategy": "SingleRecord",
+        "MaxPayloadInMB": min(MAX_PAYLOAD_MB, max(1, settings.max_body_bytes // MIB)),
+    }
+
+
+def split_lines(raw: bytes) -> list[bytes]:
+    """The body's lines as JSON Lines defines them: each ends with a newline, the last one may
+    not (a final newline ends the last line and starts none); a carriage return before the
+    newline is dropped. A blank line in between is a line (and gets an error)."""
+    if not raw:
+        return []
+    lines = raw.split(b"\n")
+    if lines[-1] == b"":
+        lines.pop()
+    return [line[:-1] if line.endswith(b"\r") else line for line in lines]
+
+
+def check_line_count(count: int, limit: int) -> None:
+    if count > limit:
+        raise PayloadTooLarge(
+            f"body has {count} lines, over the limit of {limit} (SEMIF_MAX_BATCH_LINES)",
+            field="body",
+            lines=count,
+            limit=limit,
+        )
+
+
+# One line's work on the engine thread: its service's answer (api/services.py).
+Work = Callable[["DecisionEngine"], "Answered"]
+
+
+@dataclass
+class Line:
+    number: int  # 1-based, within this call's body
+    state: str | None = None  # the state as its prompt renders it: lines group by it
+    work: Work | None = None  # None: the line failed validation (see error)
+    answer: dict[str, Any] | None = None
+    error: ApiError | None = None
+    tokens: int = 0
+
+    @property
+    def done(self) -> bool:
+        return self.answer is not None or self.error is not None
+
+
+def _state_key(state: Any) -> str:
+    # The same text for a decision's and a System One request's state (schemas.Decision's own
+    # key): both render the state into the prompt with this json.dumps.
+    return json.dumps(state, ensure_ascii=False)
+
+
+def prompt_limit(settings: Settings) -> int:
+    """The most prompts (questions x option orders) one line may ask: SEMIF_MAX_QUESTIONS at
+    the server's own SEMIF_PERMUTATIONS, so any line that keeps the default orders fits."""
+    return settings.max_questions * settings.permutations
+
+
+def _orders(value: Any, default: int) -> int:
+    # The count a line asks for; a bad value is the schema's to name, so it counts as default.
+    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        return value
+    return default
+
+
+def count_prompts(body: dict[str, Any], shape: str, default: int) -> int:
+    """How many prompts a line would ask, from its raw keys (no validation, nothing built):
+    each question or decision once per option order it asks for (an upper bound: a question
+    with fewer options than orders is asked fewer times)."""
+    if shape == "systemone":
+        questions = body.get("questions")
+        count = len(questions) if isinstance(questions, dict) else 0
+        return count * _orders(body.get("permutations"), default)
+    asked = body.get("decisions") if "decisions" in body else [body.get("decision")]
+    if not isinstance(asked, list):
+        return 0
+    return sum(
+        _orders(d.get("permutations") if isinstance(d, dict) else None, default) for d in asked
+    )
+
+
+def check_prompts(body: dict[str, Any], shape: str, settings: Settings) -> None:
+    """Refuse a line that would ask too many prompts before its questions are built: a body
+    limit's worth of lines each asking 64 questions in 26 orders would otherwise hold a
+    quarter of a GB of questions for one call."""
+    asked = body.get("questions") if shape == "systemone" else body.get("decisions")
+    most = settings.max_questions if shape == "systemone" else settings.max_decisions
+    if isinstance(asked, (dict, list)) and len(asked) > most:
+        return  # the request's own count limit refuses it, naming its field, as it would alone
+    count, limit = count_prompts(body, shape, settings.permutations), prompt_limit(settings)
+    if count > limit:
+        raise PayloadTooLarge(
+            f"the line asks {count} prompts (questions x permutations), over the limit of "
+            f"{limit} for a JSON Lines line (SEMIF_MAX_QUESTIONS x SEMIF_PERMUTATIONS); send "
+            "it as its own application/json request",
+            field="body",
+            prompts=count,
+            limit=limit,
+        )
+
+
+def _plan(raw: bytes, settings: Settings, sha256: str) -> tuple[str, Work]:
+    if not raw.strip():
+        raise InvalidRequest(
+            "the line is blank; every line must hold one JSON request (a blank line is "
+            "answered with this error so that answers stay line for line)",
+            field="body",
+        )
+    body = parse_json(raw)
+    if not isinstance(body, dict):
+        raise InvalidRequest("the line must be a JSON object", field="body")
+    shape = shapes.request_shape(body)
+    service = services.for_shape(shape)
+    if service is not None:
+        check_prompts(body, shape, settings)
+        planned = service.plan(body, settings, sha256)
+        return _state_key(service.state(planned)), functools.partial(
+            service.answer, planned=planned
+        )
+    if shape == "chat":
+        raise InvalidRequest(
+            "chat is not served in JSON Lines (a batch of generations would hold the engine "
+            "and llama-server for minutes); send each chat as its own application/json request",
+            field="messages",
+        )
+    raise shapes.unrecognised(body)
+
+
+def plan_line(raw: bytes, number: int, settings: Settings, sha256: str) -> Line:
+    """Validate one line as the same body alone would be validated; a failure becomes the
+    line's error instead of the call's."""
+    line = Line(number)
+    try:
+        line.state, line.work = _plan(raw, settings, sha256)
+    except ApiError as exc:
+        line.error = exc
+    return line
+
+
+def plan_lines(texts: Sequence[bytes], settings: Settings, sha256: str) -> list[Line]:
+    """Every line planned, numbered from 1. Off the event loop (a worker thread): a body
+    limit's worth of lines takes seconds to validate."""
+    return [plan_line(text, number, settings, sha256) for number, text in enumerate(texts, 1)]
+
+
+def groups(lines: Sequence[Line]) -> list[list[Line]]:
+    """The valid lines by state, in the order each state first appears; within a state, in
+    line order. Only the order of work changes: every line is answered on its own line."""
+    by_state: dict[str | None, list[Line]] = {}
+    for line in lines:
+        if line.work is not None:
+            by_state.setdefault(line.state, []).append(line)
+    return list(by_state.values())
+
+
+class Progress:
+    """Answers as the engine thread produces them, until the call stops waiting (its deadline
+    passed, or it failed): an answer that comes after that is dropped, so what the route counts
+    and renders never changes under it."""
+
+    def __init__(self, request_id: str) -> None:
+        self.request_id = request_id
+        self.answered = 0
+        self._lock = threading.Lock()
+        self._closed = False
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+
+    def record(
+        self,
+        line: Line,
+        answer: dict[str, Any] | None = None,
+        tokens: int = 0,
+        error: ApiError | None = None,
+    ) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            line.answer, line.tokens, line.error = answer, tokens, error
+            self.answered += 1
+
+
+def run_lines(engine: DecisionEngine, lines: Sequence[Line], progress: Progress) -> None:
+    """Answer lines of one state one after another, on the engine thread. The engine keeps the
+    prefix it evaluated last, so the first line prefills the state and the others reuse it."""
+    for line in lines:
+        if progress.closed:
+            return
+        assert line.work is not None
+        try:
+            answered = line.work(engine)
+        except Cancelled:
+            raise  # the job was aborted (deadline, hang-up): the lines left are not reached
+        except (EngineFailure, Unavailable):
+            raise  # the engine's fault, not the line's: the call fails whole (503), and retried
+        except ApiError as exc:
+            progress.record(line, error=exc)
+        except Exception:
+            log.exception(
+                "unhandled error in a JSON Lines line",
+                extra={"request_id": progress.request_id, "line": line.number},
+            )
+            progress.record(line, error=internal_error())
+        else:
+            progress.record(line, answered.body, answered.input_tokens)
+
+
+def unfinished(lines: Sequence[Line]) -> int:
+    """How many lines have neither an answer nor an error: the deadline did not reach them."""
+    return sum(1 for line in lines if not line.done)
+
+
+def not_reached(count: int, total: int, timeout: float) -> Timeout:
+    """The whole call's 504 when the deadline left lines unanswered. Not a 200 with timeout
+    lines: SageMaker retries a failed call, then fails the job where anyone looks, but takes a
+    200's error lines as the results and completes the job with them."""
+    return Timeout(
+        f"{count} of {total} lines were not answered within the request's {timeout:g}s "
+        "(SEMIF_REQUEST_TIMEOUT), so no line is answered; send fewer lines per call "
+        "(BatchStrategy SingleRecord, as GET /execution-parameters advises)",
+        field="body",
+        lines=total,
+        unanswered=count,
+        limit=timeout,
+    )
+
+
+def output(line: Line, request_id: str) -> dict[str, Any]:
+    """A line's answer, or the error body the same request alone would get, with the line's
+    number and the status it would have had."""
+    if line.answer is not None:
+        return line.answer
+    error = line.error or internal_error()
+    body = error.body()
+    if "error" in body:
+        body["error"]["request_id"] = request_id
+    return {**body, "line": line.number, "status": error.status}
+
+
+def render(lines: Sequence[Line], request_id: str) -> bytes:
+    """One JSON object per line, no newline after the last: SageMaker's AssembleWith=Line adds
+    one after each call's answer, and a second would leave a blank line between calls."""
+    return "\n".join(json.dumps(output(line, request_id)) for line in lines).encode("utf-8")
+
+
+__all__ = [
+    "CONTENT_TYPE",
+    "MEDIA_TYPES",
+    "Line",
+    "Progress",
+    "check_line_count",
+    "check_prompts",
+    "count_prompts",
+    "execution_parameters",
+    "groups",
+    "not_reached",
+    "plan_line",
+    "plan_lines",
+    "prompt_limit",
+    "render",
+    "run_lines",
+    "split_lines",
+    "unfinished",
+]

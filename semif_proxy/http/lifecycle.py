@@ -1,0 +1,161 @@
+"""What the application starts and stops (its aiohttp `cleanup_ctx` entries): the decision
+engine, the supervised llama-server child and the HTTP client session to it. Both slow loads
+run in the background, so the port opens at once and /ping says 503 until they are ready; a
+load that fails records why and calls the start-up's `on_fatal` (the CLI ends the process)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+
+import aiohttp
+from aiohttp import web
+
+from semif_proxy.cpu.plan import memory_room, private_bytes, second_server_fits
+from semif_proxy.engine import native
+from semif_proxy.engine.worker import DecisionEngine
+from semif_proxy.http.keys import (
+    CPU_POLICY,
+    ENGINE,
+    LLAMA,
+    LLAMA_SECOND,
+    SETTINGS,
+    STARTUP,
+    THREAD_PLAN,
+    UPSTREAM,
+    EngineSlot,
+)
+from semif_proxy.llama_server.args import with_defaults
+from semif_proxy.llama_server.supervisor import LlamaServer, LlamaServerError, Supervision
+
+log = logging.getLogger("semif_proxy.app")  # the name its log lines have always carried
+
+
+def _fatal(app: web.Application, what: str, exc: BaseException) -> None:
+    message = f"{what} failed to start: {exc}"
+    log.error(message, extra={"event": "startup_failed", "error": str(exc)})
+    app[STARTUP].errors.append(message)
+    app[STARTUP].on_fatal()
+
+
+async def _load_engine(app: web.Application) -> None:
+    try:
+        engine = await DecisionEngine.start(app[SETTINGS], app[THREAD_PLAN].engine)
+    except Exception as exc:  # any load failure ends the process: nothing to serve
+        _fatal(app, "the decision engine", exc)
+        return
+    app[ENGINE].engine = engine
+    app[CPU_POLICY].attach(engine=engine)
+    log.info("decision engine ready", extra={"event": "engine_ready", **engine.model_info})
+
+
+async def engine_ctx(app: web.Application) -> AsyncIterator[None]:
+    # Loaded in the background: the port opens at once and /ping says 503 until it is ready.
+    app[ENGINE] = EngineSlot()
+    task = asyncio.create_task(_load_engine(app)) if app[SETTINGS].decisions else None
+    yield
+    if task is not None:
+        await asyncio.shield(task)  # a load in progress cannot be interrupted; let it end
+    engine = app[ENGINE].engine
+    if engine is not None:
+        await asyncio.get_running_loop().run_in_executor(None, engine.close)
+
+
+async def _start_llama(app: web.Application, server: LlamaServer, split: bool) -> bool:
+    """The split llama-server's failure is not fatal: chat goes to the main one."""
+    try:
+        await server.start()
+        return True
+    except Exception as exc:
+        if not split:
+            _fatal(app, "llama-server", exc)
+            return False
+        log.error(
+            "the split llama-server failed to start; chat uses the main one through the gate",
+            extra={"event": "llama_server_split_failed", "error": str(exc)},
+        )
+        app[STARTUP].second_not_started = f"it failed to start: {exc}"
+        return False
+
+
+async def _start_all(app: web.Application, servers: list[LlamaServer]) -> None:
+    """The main llama-server first; the split one once the main one is healthy and the engine
+    loaded (side by side, each load would slow the others and /ping would say 200 later), and
+    only if the memory left holds it."""
+    main, *rest = servers
+    if not await _start_llama(app, main, split=False) or not rest:
+        return
+    while app[ENGINE].engine is None and not app[STARTUP].errors:
+        await asyncio.sleep(0.1)  # the engine's own load: its memory counts too
+    room, need = memory_room(), private_bytes(main.pid) if main.pid else None
+    if not second_server_fits(room, need):
+        log.warning(
+            "no second llama-server: the memory left would not hold it; chat uses the main "
+            "one through the gate",
+            extra={
+                "event": "llama_server_split_skipped",
+                "memory_left_bytes": room,
+                "first_server_private_bytes": need,
+            },
+        )
+        app[STARTUP].second_not_started = "the memory left would not hold it"
+        return
+    await _start_llama(app, rest[0], split=True)
+
+
+async def llama_ctx(app: web.Application) -> AsyncIterator[None]:
+    settings = app[SETTINGS]
+    plan = app[THREAD_PLAN]
+    app[LLAMA] = None
+    app[LLAMA_SECOND] = None
+    servers: list[LlamaServer] = []
+    tasks: list[asyncio.Task[None]] = []
+    if settings.chat:
+        binary = native.llama_server_path(settings.llama_server_binary)
+        if binary is None:
+            raise LlamaServerError("no llama-server binary (bundled, $SEMIF_LLAMA_SERVER or PATH)")
+        supervision = Supervision(
+            start_timeout=settings.llama_server_start_timeout,
+            probe_interval=settings.health_interval,
+            probe_timeout=settings.health_timeout,
+            max_failed_probes=settings.max_failed_probes,
+        )
+        args = with_defaults(settings.llama_server_args, plan.llama_server)
+        server = LlamaServer(binary, settings.model_path, settings.upstream_port, args, supervision)
+        app[LLAMA] = server  # state "stopped"/"starting": /ping says 503 until it is healthy
+        servers.append(server)
+        policy = app[CPU_POLICY]
+        if plan.why:
+            log.info(
+                f"CPU sharing dynamic planned as the gate: {plan.why}",
+                extra={"event": "cpu_dynamic_fallback", "why": plan.why},
+            )
+        policy.attach(server=server)
+        if policy.second_server:
+            # The same model file: the weights are mmap'ed once; each has its own KV cache.
+            split_args = with_defaults(settings.llama_server_args, plan.llama_server_split)
+            assert settings.second_upstream_port is not None  # planned only with a port
+            split = LlamaServer(
+                binary, settings.model_path, settings.second_upstream_port, split_args, supervision
+            )
+            app[LLAMA_SECOND] = split
+            servers.append(split)
+            policy.attach(split=split)
+        tasks = [asyncio.create_task(_start_all(app, servers))]
+    yield
+    for task in tasks:
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+    for server in servers:
+        await server.stop()
+
+
+async def upstream_ctx(app: web.Application) -> AsyncIterator[None]:
+    connector = aiohttp.TCPConnector(limit=0)
+    async with aiohttp.ClientSession(connector=connector, auto_decompress=False) as session:
+        app[UPSTREAM] = session
+        yield

@@ -1,0 +1,105 @@
+"""Request id, the one error middleware, metrics and the per-request JSON log line."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+
+from aiohttp import web
+
+from semif_proxy.errors import ApiError, Timeout, internal_error
+from semif_proxy.http.keys import METRICS, SETTINGS
+
+log = logging.getLogger("semif_proxy.access")
+REQUEST_ID = "request_id"
+# Monotonic (loop.time()) instant by which the request's own work must end: queueing included.
+DEADLINE = "deadline"
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def remaining(request: web.Request) -> float:
+    """Seconds left before the request's deadline (never below a millisecond)."""
+    return max(0.001, request[DEADLINE] - asyncio.get_running_loop().time())
+
+
+def deadline_passed(request: web.Request) -> Timeout:
+    timeout = request.app[SETTINGS].request_timeout
+    return Timeout(
+        f"the request took longer than {timeout:g}s and its work was stopped "
+        "(SEMIF_REQUEST_TIMEOUT; SageMaker cuts real-time invocations at 60 s)",
+        limit=timeout,
+    )
+
+
+def error_response(error: ApiError, request_id: str) -> web.Response:
+    body = error.body()
+    if "error" in body:
+        body["error"]["request_id"] = request_id
+    return web.json_response(body, status=error.status, headers=error.headers)
+
+
+def _route_name(request: web.Request) -> str:
+    info = request.match_info.route.resource
+    return info.canonical if info is not None else "unmatched"
+
+
+@web.middleware
+async def request_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    request_id = request.headers.get("X-Request-Id") or uuid.uuid4().hex
+    if len(request_id) > 128 or not request_id.isprintable():
+        request_id = uuid.uuid4().hex
+    request[REQUEST_ID] = request_id
+    request[DEADLINE] = asyncio.get_running_loop().time() + request.app[SETTINGS].request_timeout
+    metrics = request.app[METRICS]
+    metrics.in_flight += 1
+    start = time.perf_counter()
+    status = 500
+    try:
+        try:
+            response = await handler(request)
+        except ApiError as exc:
+            response = error_response(exc, request_id)
+        except web.HTTPRequestEntityTooLarge as exc:
+            response = error_response(
+                ApiError(f"body is over the limit of {exc.max_size} bytes", field="body"),
+                request_id,
+            )
+            response.set_status(413)
+        except web.HTTPException as exc:
+            if exc.status < 400:
+                raise
+            kind = "not_found" if exc.status == 404 else "http_error"
+            err = ApiError(exc.reason or "error")
+            err.status, err.type = exc.status, kind
+            response = error_response(err, request_id)
+            response.set_status(exc.status)
+        except asyncio.CancelledError:
+            status = 499  # client went away
+            raise
+        except Exception:
+            log.exception("unhandled error", extra={"request_id": request_id})
+            response = error_response(internal_error(), request_id)
+        if not response.prepared:
+            response.headers["X-Request-Id"] = request_id
+        status = response.status
+        return response
+    finally:
+        elapsed = time.perf_counter() - start
+        metrics.in_flight -= 1
+        route = _route_name(request)
+        metrics.observe_request(route, request.method, status, elapsed)
+        log.info(
+            "request",
+            extra={
+                "request_id": request_id,
+                "method": request.method,
+                "route": route,
+                "path": request.path,
+                "status": status,
+                "latency_ms": round(elapsed * 1000, 2),
+                "tokens": request.get("tokens"),
+            },
+        )

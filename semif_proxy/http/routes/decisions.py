@@ -1,0 +1,18 @@
+"""POST /v1/decisions: single ({"decision"}) and shared-state ({"decisions"}) requests."""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from semif_proxy.api.services import SERVICES
+from semif_proxy.http import engine_job
+from semif_proxy.http.bodies import read_json_object
+from semif_proxy.http.keys import DECISION_ADMISSION, SETTINGS
+from semif_proxy.http.middleware import remaining
+
+
+async def decisions(request: web.Request) -> web.Response:
+    engine = engine_job.require_engine(request)
+    async with request.app[DECISION_ADMISSION].slot(remaining(request)):
+        body, _ = await read_json_object(request, request.app[SETTINGS].max_body_bytes)
+        return await engine_job.answer(request, engine, SERVICES["decisions"], body)

@@ -1,0 +1,74 @@
+"""POST /v1/systemone, POST /v1/systemone/batch and GET /v1/models: the TypeSafe System One API
+on our engine."""
+
+from __future__ import annotations
+
+import functools
+
+from aiohttp import web
+
+from semif_proxy.api import systemone
+from semif_proxy.api.services import SERVICES
+from semif_proxy.http import engine_job
+from semif_proxy.http.bodies import read_json_object
+from semif_proxy.http.keys import DECISION_ADMISSION, SETTINGS
+from semif_proxy.http.middleware import REQUEST_ID, remaining
+from semif_proxy.http.routes import proxy
+
+# The TypeSafe SDK reads a response's request id (`result.request_id`, and its errors') here.
+TYPESAFE_REQUEST_ID = "x-typesafe-request-id"
+# Marks a request answered by the System One API on another route (POST /invocations).
+SYSTEM_ONE = "system_one"
+ROUTES = frozenset({"/v1/systemone", "/v1/systemone/batch", "/v1/models"})
+
+
+async def systemone_route(request: web.Request) -> web.Response:
+    request[SYSTEM_ONE] = True
+    engine = engine_job.require_engine(request)
+    async with request.app[DECISION_ADMISSION].slot(remaining(request)):
+        body, _ = await read_json_object(request, request.app[SETTINGS].max_body_bytes)
+        return await engine_job.answer(request, engine, SERVICES["systemone"], body)
+
+
+async def batch_route(request: web.Request) -> web.Response:
+    """Each state is its own engine job, so single requests queued meanwhile are not held up
+    behind the whole batch, and the deadline is checked between states as well as within."""
+    engine = engine_job.require_engine(request)
+    settings = request.app[SETTINGS]
+    async with request.app[DECISION_ADMISSION].slot(remaining(request)):
+        body, _ = await read_json_object(request, settings.max_body_bytes)
+        batch = systemone.plan_batch(body, settings, engine.sha256)
+        await engine_job.run_job(
+            request, engine, functools.partial(systemone.check_batch, engine, batch)
+        )
+        responses = [
+            await engine_job.run_job(
+                request,
+                engine,
+                functools.partial(systemone.answer_state, engine, batch, i, settings.strict),
+            )
+            for i in range(len(batch.states))
+        ]
+    response = systemone.combine_batch(responses, settings.strict)
+    response["request_id"] = request[REQUEST_ID]
+    request["tokens"] = response["usage"]["input_tokens"]
+    return web.json_response(response)
+
+
+async def models_route(request: web.Request) -> web.StreamResponse:
+    if not request.app[SETTINGS].decisions:
+        return await proxy.passthrough(request)  # chat-only: llama-server's own list
+    engine = engine_job.require_engine(request)
+    listing = systemone.models_listing(request.app[SETTINGS].model_path, engine.sha256)
+    return web.json_response(listing)
+
+
+async def tag_request_id(request: web.Request, response: web.StreamResponse) -> None:
+    """on_response_prepare: every System One answer carries its X-Request-Id as
+    x-typesafe-request-id too, errors included; a signal reaches the 401s of the auth
+    middleware and the errors the request middleware renders, which the handlers never see."""
+    resource = request.match_info.route.resource
+    route = resource.canonical if resource is not None else None
+    request_id = request.get(REQUEST_ID)
+    if request_id and (route in ROUTES or request.get(SYSTEM_ONE)):
+        response.headers[TYPESAFE_REQUEST_ID] = request_id
