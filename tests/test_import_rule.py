@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "semif_proxy"
-GROUND = {"errors", "logs", "redact", "readout", "jsonl_files"}
+GROUND = {"errors", "logs", "redact", "readout", "jsonl_files", "progress"}
 COMMANDS = {"cli", "entrypoint"}
 LOWER = {"cpu", "calibration", "model", "llama_server"}
 # room -> rooms (first component under semif_proxy, or a third-party top-level name) it must
