@@ -1,12 +1,12 @@
 """All configuration, parsed and validated once at start-up into one frozen object.
 
-Every default lives here and nowhere else. A bad value stops start-up with a message that names
-the environment variable.
+Every setting's default lives here, in the Settings fields and the constants beside them; the
+native engine gets each of its values from here (its own C++ defaults serve direct callers such
+as tests). A bad value stops start-up with a message that names the environment variable.
 """
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -18,9 +18,10 @@ from semif_proxy import redact
 from semif_proxy.calibration.abstention import Thresholds
 from semif_proxy.calibration.abstention import from_setting as min_confidence_from_setting
 from semif_proxy.calibration.position_prior import PositionPrior
-from semif_proxy.calibration.position_prior import from_json as position_prior_from_json
+from semif_proxy.calibration.setting import Temperature, parse_calibration
 from semif_proxy.cpu.plan import ThreadPlan, plan_threads
 from semif_proxy.engine.prompt import MAX_OPTIONS, labels_for
+from semif_proxy.llama_server import ports
 from semif_proxy.llama_server.args import PREFIX, LlamaArgsError, llama_server_args
 from semif_proxy.model.files import ModelNotFoundError, discover_model
 
@@ -32,21 +33,6 @@ UBATCH_GPU = 512
 
 class SettingsError(ValueError):
     """A configuration problem; the message names the variable."""
-
-
-class Temperature(BaseModel):
-    """Softmax temperature per question type; `default` applies where no type is named."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-    default: float = Field(1.0, gt=0.0, le=100.0)
-    decision: float | None = Field(None, gt=0.0, le=100.0)
-    noul: float | None = Field(None, gt=0.0, le=100.0)
-    choice: float | None = Field(None, gt=0.0, le=100.0)
-    score: float | None = Field(None, gt=0.0, le=100.0)
-
-    def for_type(self, kind: str) -> float:
-        value = getattr(self, kind, None)
-        return float(value) if value is not None else self.default
 
 
 class Settings(BaseModel):
@@ -252,38 +238,6 @@ def _parse_bool(value: str) -> bool:
     raise ValueError(f"expected on/off (or true/false, 1/0), got {value!r}")
 
 
-def _parse_calibration(value: str) -> tuple[Temperature, PositionPrior]:
-    """SEMIF_CALIBRATION (or SEMIF_TEMPERATURE): a number (one temperature), a JSON object of
-    temperatures, or a calibration (`{"temperature": {...}, "position_prior": {...}}`) inline or
-    in the file `semif-proxy calibrate` writes."""
-    text = value.strip()
-    try:
-        parsed = json.loads(text)
-    except json.JSONDecodeError as exc:
-        if not Path(text).is_file():
-            raise ValueError(
-                f"expected a number, a JSON object or a calibration file, got {value!r}"
-            ) from exc
-        # The file `semif-proxy calibrate` writes.
-        try:
-            parsed = json.loads(Path(text).read_text(encoding="utf-8"))
-        except (OSError, json.JSONDecodeError) as exc2:
-            raise ValueError(f"calibration file {text!r} is not JSON: {exc2}") from exc2
-    if isinstance(parsed, (int, float)) and not isinstance(parsed, bool):
-        return Temperature(default=float(parsed)), PositionPrior()
-    if isinstance(parsed, dict):
-        # A calibration file may carry extra keys (ECE, counts, fit reports); only temperatures
-        # and position priors are read.
-        calibration = "temperature" in parsed or "position_prior" in parsed
-        temps = parsed.get("temperature", {}) if calibration else parsed
-        prior = parsed.get("position_prior", {}) if calibration else {}
-        if isinstance(temps, (int, float)) and not isinstance(temps, bool):
-            temps = {"default": temps}
-        if isinstance(temps, dict):
-            return Temperature(**temps), position_prior_from_json(prior)
-    raise ValueError(f"expected a number or a JSON object of temperatures, got {value!r}")
-
-
 def _raw_values(env: Mapping[str, str]) -> tuple[dict[str, Any], dict[str, str]]:
     values: dict[str, Any] = {}
     sources: dict[str, str] = {}
@@ -296,7 +250,7 @@ def _raw_values(env: Mapping[str, str]) -> tuple[dict[str, Any], dict[str, str]]
                     if field in _BOOLS:
                         values[field] = _parse_bool(raw)
                     elif field == "temperature":
-                        values[field], values["position_prior"] = _parse_calibration(raw)
+                        values[field], values["position_prior"] = parse_calibration(raw)
                         sources["position_prior"] = var
                     elif field == "min_confidence":
                         values[field] = min_confidence_from_setting(raw)
@@ -328,57 +282,18 @@ def _resolve_model(env: Mapping[str, str], model: str | None) -> Path:
     return path
 
 
-def _safe_port_range(env: Mapping[str, str]) -> range | None:
-    """In an inference pipeline SageMaker gives the container SAGEMAKER_SAFE_PORT_RANGE
-    ("low-high") for any port of its own: the llama-servers' loopback ports go there."""
-    text = env.get("SAGEMAKER_SAFE_PORT_RANGE", "").strip()
-    if not text:
-        return None
-    low, sep, high = text.partition("-")
-    try:
-        lo, hi = int(low), int(high)
-    except ValueError:
-        raise SettingsError(
-            f"SAGEMAKER_SAFE_PORT_RANGE: expected LOW-HIGH port numbers, got {text!r}"
-        ) from None
-    if not sep or not 1 <= lo <= hi <= 65535:
-        raise SettingsError(f"SAGEMAKER_SAFE_PORT_RANGE: expected LOW-HIGH, got {text!r}")
-    return range(lo, hi + 1)
-
-
-def _safe_upstream_port(allowed: range, public: Any) -> int:
-    free = [port for port in allowed if str(port) != str(public)]
-    for port in free:
-        if port + 1 in free:  # CPU sharing "dynamic" puts its second llama-server on the next
-            return port
-    if free:
-        return free[0]
-    raise SettingsError(
-        f"SAGEMAKER_SAFE_PORT_RANGE: {allowed.start}-{allowed.stop - 1} leaves no port "
-        f"beside {public}"
-    )
-
-
-def _split_port(upstream: int, public: int, allowed: range | None) -> int | None:
-    """The second llama-server's port (CPU sharing "dynamic"): next to the first one, never
-    the proxy's own, inside SageMaker's safe range when one is given. None: no such port (the
-    plan falls back to the gate)."""
-    for port in (upstream + 1, upstream + 2, upstream - 1):
-        inside = allowed is None or port in allowed
-        if 1 <= port <= 65535 and port not in (public, upstream) and inside:
-            return port
-    return None
-
-
 def load_settings(env: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
     """Settings from the environment; keyword overrides (CLI flags) win over variables."""
     env = dict(os.environ if env is None else env)
     values, sources = _raw_values(env)
     public = overrides.get("port") or values.get("port", Settings.model_fields["port"].default)
-    allowed = _safe_port_range(env)
-    if "upstream_port" not in values and allowed is not None:
-        values["upstream_port"] = _safe_upstream_port(allowed, public)
-        sources["upstream_port"] = "SAGEMAKER_SAFE_PORT_RANGE"
+    try:
+        allowed = ports.safe_port_range(env)
+        if "upstream_port" not in values and allowed is not None:
+            values["upstream_port"] = ports.safe_upstream_port(allowed, public)
+            sources["upstream_port"] = "SAGEMAKER_SAFE_PORT_RANGE"
+    except ports.PortError as exc:
+        raise SettingsError(str(exc)) from None
     model = overrides.pop("model", None)
     values["model_path"] = _resolve_model(env, model)
     values.update({k: v for k, v in overrides.items() if v is not None})
@@ -389,8 +304,8 @@ def load_settings(env: Mapping[str, str] | None = None, **overrides: Any) -> Set
         field = str(first["loc"][0]) if first["loc"] else "?"
         var = sources.get(field, _ENV.get(field, (field,))[0])
         raise SettingsError(f"{var}: {first['msg']} (got {first.get('input')!r})") from None
-    split = _split_port(settings.upstream_port, settings.port, allowed)
-    settings = settings.model_copy(update={"second_upstream_port": split})
+    second = ports.second_port(settings.upstream_port, settings.port, allowed)
+    settings = settings.model_copy(update={"second_upstream_port": second})
     _check_prior_prompts(settings, sources.get("position_prior", "SEMIF_CALIBRATION"))
     return _complete(env, settings)
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from semif_proxy.api import decisions, systemone
+from semif_proxy.api import decisions, systemone, systemone_batch, systemone_schemas
 from semif_proxy.errors import PayloadTooLarge, SchemaError
 from semif_proxy.settings import load_settings
 
@@ -35,7 +35,7 @@ def test_a_flood_of_questions_is_refused_by_its_count(model_path: Path) -> None:
     assert "SEMIF_MAX_QUESTIONS" in refused.value.message
     batch = {**body, "states": ["a", "b"]}
     with pytest.raises(PayloadTooLarge):
-        systemone.plan_batch(batch, settings, "0" * 64)
+        systemone_batch.plan_batch(batch, settings, "0" * 64)
 
 
 def test_a_422_lists_the_first_errors_only(model_path: Path) -> None:
@@ -45,5 +45,5 @@ def test_a_422_lists_the_first_errors_only(model_path: Path) -> None:
     with pytest.raises(SchemaError) as refused:
         systemone.plan(body, settings, "0" * 64)
     detail = refused.value.detail
-    assert len(detail) == systemone.MAX_ERRORS < settings.max_questions
+    assert len(detail) == systemone_schemas.MAX_ERRORS < settings.max_questions
     assert detail[0]["loc"][:3] == ["body", "questions", "q0"]

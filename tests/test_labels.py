@@ -12,7 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from semif_proxy.api.systemone import ScoreQuestion, build_spec
+from semif_proxy.api.systemone import build_spec
+from semif_proxy.api.systemone_schemas import ScoreQuestion
 from semif_proxy.engine import label_tree
 from semif_proxy.engine.prompt import (
     MAX_OPTIONS,

@@ -21,7 +21,8 @@ from pathlib import Path
 import pytest
 
 from semif_proxy.engine import native
-from semif_proxy.llama_server.supervisor import LineReader, LlamaServer, Supervision
+from semif_proxy.llama_server.output import LineReader
+from semif_proxy.llama_server.supervisor import LlamaServer, Supervision
 from semif_proxy.testing.server import free_port
 
 FAST = Supervision(start_timeout=60, probe_interval=0.2, probe_timeout=0.5, max_failed_probes=3)

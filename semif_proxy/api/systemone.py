@@ -1,131 +1,43 @@
 """The System One API (TypeSafe's noul / choice / score contract) mapped onto the decision
-engine: its request model, each question as a lettered decision (in the option orders the
-request asks for), and the engine's scored rows combined into answers and diagnostics.
-
-A batch (`plan_batch`) asks the same questions of up to SEMIF_MAX_BATCH_STATES states: one
-plan per state, each answered as a single request would be, after one check of the whole batch
-before any work. No HTTP here: the route parses the body, runs `answer` on the engine thread and
-renders it.
+engine: each question of a validated request (systemone_schemas.py) as a lettered decision (in
+the option orders the request asks for), and the engine's scored rows combined into answers and
+diagnostics. Batches: systemone_batch.py. No HTTP here: the service registry (services.py)
+plans a body, runs `answer` on the engine thread and returns it.
 """
 
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Iterable
-from dataclasses import dataclass, replace
-from datetime import datetime, timezone
-from pathlib import Path
-from typing import Annotated, Any, Literal, TypeVar
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from semif_proxy import readout
 from semif_proxy.api import rotations, rows_log
 from semif_proxy.api.rotations import Rotated
 from semif_proxy.api.schemas import check_count
+from semif_proxy.api.systemone_schemas import (
+    ALIASES,
+    DEFAULT_INSTRUCTIONS,
+    ChoiceQuestion,
+    Content,
+    NoulCriteria,
+    NoulQuestion,
+    Parsed,
+    ScoreQuestion,
+    accepts_model,
+    parse_request,
+    schema_error,
+    served_model_id,
+)
 from semif_proxy.calibration.abstention import ThresholdError, Thresholds
-from semif_proxy.engine.prompt import MAX_OPTIONS, NUMBER_LABELS, labels_for, prompt_sha256
+from semif_proxy.engine.prompt import NUMBER_LABELS, labels_for, prompt_sha256
 from semif_proxy.engine.questions import Question, Scored
 from semif_proxy.engine.worker import DecisionEngine
-from semif_proxy.errors import InvalidRequest, PayloadTooLarge, SchemaError, Unavailable
+from semif_proxy.errors import InvalidRequest
 from semif_proxy.settings import Settings
-
-Content = str | dict[str, Any] | list[Any]
-# Names Jev clients send by default; each one means the model served here.
-ALIASES = ("jev-latest", "jev-preview")
-# Clients pinned to a release send jev-1.<n> (jev-1.0, jev-1.2, ...): accepted, one listed.
-VERSIONED = re.compile(r"jev-1\.[0-9]+")
-LISTED_VERSION = "jev-1.0"
-DEFAULT_INSTRUCTIONS = {
-    "noul": "Decide whether the instructions hold for the evidence.",
-    "choice": "Choose the option that fits the evidence best.",
-    "score": "Rate the evidence on the listed levels.",
-}
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class NoulCriteria(_Strict):
-    true: Content | None = None
-    false: Content | None = None
-
-
-class NoulQuestion(_Strict):
-    type: Literal["noul"]
-    instructions: Content | None = None
-    criteria: NoulCriteria | None = None
-
-
-class ChoiceQuestion(_Strict):
-    type: Literal["choice"]
-    instructions: Content | None = None
-    # One option is answered without the model (probability 1); Jev allows 1..255.
-    criteria: dict[str, Content | None] = Field(min_length=1, max_length=MAX_OPTIONS)
-
-
-class ScoreQuestion(_Strict):
-    type: Literal["score"]
-    instructions: Content | None = None
-    criteria: list[Content] = Field(min_length=2, max_length=MAX_OPTIONS)
-
-
-QuestionModel = Annotated[
-    NoulQuestion | ChoiceQuestion | ScoreQuestion, Field(discriminator="type")
-]
-
-
-class _RequestBase(_Strict):
-    """What a System One request and a batch share: everything but the state(s)."""
-
-    model: str
-    questions: dict[str, QuestionModel] = Field(min_length=1)
-    permutations: int | None = Field(None, ge=1, le=MAX_OPTIONS)
-    # false: no fitted position prior (SEMIF_CALIBRATION) is applied to this request.
-    position_prior: bool = True
-    # A number or a map by question type and option count, checked by `thresholds` (a 422 at
-    # its path in the value); None: SEMIF_MIN_CONFIDENCE.
-    min_confidence: Any = None
-
-
-class SystemOneRequest(_RequestBase):
-    state: Content
-
-
-class SystemOneBatchRequest(_RequestBase):
-    """POST /v1/systemone/batch: a System One request with `states` in place of `state`."""
-
-    states: list[Content] = Field(min_length=1)
-
-
-Parsed = SystemOneRequest | SystemOneBatchRequest
-P = TypeVar("P", SystemOneRequest, SystemOneBatchRequest)
-
-
-MAX_ERRORS = 20
-
-
-def _validate(model: type[P], body: Any) -> P:
-    try:
-        return model.model_validate(body)
-    except ValidationError as exc:
-        # The first errors are what a client fixes; thousands of them are only bytes.
-        detail = [
-            {"loc": ["body", *e["loc"]], "msg": e["msg"], "type": e["type"]}
-            for e in exc.errors(include_url=False)[:MAX_ERRORS]
-        ]
-        raise SchemaError(detail) from None
-
-
-def parse_request(body: Any) -> SystemOneRequest:
-    return _validate(SystemOneRequest, body)
-
-
-def schema_error(loc: list[str | int], msg: str, kind: str = "value_error") -> SchemaError:
-    return SchemaError([{"loc": ["body", *loc], "msg": msg, "type": kind}])
 
 
 def _text(value: Content | None) -> str:
@@ -203,37 +115,6 @@ def prompt_versions(scored: Iterable[Scored]) -> str:
     return ", ".join(sorted({s.prompt_version for s in scored if s.prompt_version})) or "none"
 
 
-def served_model_id(model_path: Path, sha256: str) -> str:
-    return f"{model_path.stem.lower()}@{sha256[:12]}"
-
-
-def accepts_model(name: str, served: str) -> bool:
-    """The served id, an alias, or a versioned jev-1.<n> id: all name the one model here."""
-    return name == served or name in ALIASES or VERSIONED.fullmatch(name) is not None
-
-
-def models_listing(model_path: Path, sha256: str) -> dict[str, Any]:
-    """GET /v1/models: the served id and its aliases, for System One and OpenAI clients."""
-    released = (
-        datetime.fromtimestamp(model_path.stat().st_mtime, tz=timezone.utc).date().isoformat()
-    )
-    served = served_model_id(model_path, sha256)
-    descriptions = {
-        served: f"{model_path.name} (sha256 {sha256[:12]}) served by semif-proxy",
-        **{alias: f"alias of {served}" for alias in ALIASES},
-        LISTED_VERSION: f"alias of {served}; every jev-1.<n> (jev-1.0, jev-1.2, ...) is accepted",
-    }
-    names = list(descriptions)
-    return {
-        "models": [
-            {"name": n, "description": descriptions[n], "release_date": released} for n in names
-        ],
-        # OpenAI clients read "data"; System One clients read "models".
-        "object": "list",
-        "data": [{"id": n, "object": "model", "owned_by": "semif-proxy"} for n in names],
-    }
-
-
 # -- the service ----------------------------------------------------------------------------
 
 
@@ -272,7 +153,7 @@ def check_questions(body: Any, settings: Settings) -> None:
                 )
 
 
-def _checked(parsed: Parsed, settings: Settings, sha256: str) -> tuple[str, list[Spec]]:
+def checked(parsed: Parsed, settings: Settings, sha256: str) -> tuple[str, list[Spec]]:
     """The served id (the model named must be one of ours) and the questions as specs."""
     served = served_model_id(settings.model_path, sha256)
     if not accepts_model(parsed.model, served):
@@ -300,7 +181,7 @@ def _threshold(planned: Plan, spec: Spec, strict: bool) -> float | None:
     return planned.thresholds.threshold_for(spec.kind, len(spec.option_ids))
 
 
-def _ask(
+def ask(
     state: Content, specs: list[Spec], k: int, settings: Settings, prior: bool = True
 ) -> list[Rotated]:
     return [
@@ -329,13 +210,13 @@ def plan(body: Any, settings: Settings, sha256: str) -> Plan:
     engine questions. Runs before the request queues for the engine."""
     check_questions(body, settings)
     parsed = parse_request(body)
-    served, specs = _checked(parsed, settings, sha256)
+    served, specs = checked(parsed, settings, sha256)
     k = parsed.permutations or settings.permutations
     return Plan(
         parsed,
         served,
         specs,
-        _ask(parsed.state, specs, k, settings, parsed.position_prior),
+        ask(parsed.state, specs, k, settings, parsed.position_prior),
         thresholds(parsed, settings),
     )
 
@@ -396,127 +277,3 @@ def answer(engine: DecisionEngine, planned: Plan, strict: bool) -> dict[str, Any
             "model": engine.model_info,
         }
     return response
-
-
-# -- batches ----------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class BatchPlan:
-    """The same questions asked of each state, in the request's order. A state's engine
-    questions (questions x rotations, each holding the state) are built when that state is
-    answered, on the engine thread: not all of them at once on the event loop."""
-
-    request: SystemOneBatchRequest
-    served: str
-    specs: list[Spec]
-    rotations: int
-    settings: Settings
-    thresholds: Thresholds | None = None  # as Plan's
-
-    @property
-    def states(self) -> list[Content]:
-        return list(self.request.states)
-
-    def plan(self, i: int) -> Plan:
-        asked = _ask(
-            self.request.states[i],
-            self.specs,
-            self.rotations,
-            self.settings,
-            self.request.position_prior,
-        )
-        return Plan(self.request, self.served, self.specs, asked, self.thresholds)
-
-
-_JSON_TYPES = {bool: "a boolean", int: "a number", float: "a number", type(None): "null"}
-
-
-def plan_batch(body: dict[str, Any], settings: Settings, sha256: str) -> BatchPlan:
-    """Validate a batch: `states` first (400 naming `states[i]`; 413 over
-    SEMIF_MAX_BATCH_STATES, before any state is read), then everything a single request has
-    (422 in FastAPI's shape, 413 for too many questions, as POST /v1/systemone answers)."""
-    states = body.get("states")
-    if not isinstance(states, list) or not states:
-        raise InvalidRequest(
-            "states: a batch needs a non-empty array of states (one System One state each)",
-            field="states",
-        )
-    check_count(len(states), "states", settings.max_batch_states, "SEMIF_MAX_BATCH_STATES")
-    for i, state in enumerate(states):
-        if not isinstance(state, (str, dict, list)):
-            kind = _JSON_TYPES.get(type(state), type(state).__name__)
-            raise InvalidRequest(
-                f"states[{i}]: a state is a string, an object or an array, not {kind}",
-                field=f"states[{i}]",
-            )
-    check_questions(body, settings)
-    parsed = _validate(SystemOneBatchRequest, body)
-    served, specs = _checked(parsed, settings, sha256)
-    k = parsed.permutations or settings.permutations
-    return BatchPlan(parsed, served, specs, k, settings, thresholds(parsed, settings))
-
-
-def check_batch(engine: DecisionEngine, batch: BatchPlan) -> None:
-    """Refuse a batch that cannot be answered before any of its work (no forward pass, no
-    prompt but each state's own prefix): every state free of the model's special tokens and
-    under the prompt limit, and the whole batch within the request's token budget
-    (SEMIF_MAX_REQUEST_TOKENS): each state's own tokens plus every question's text once per
-    state and rotation, less a token per text for merges at its edges (a lower bound, as a
-    single request is checked). Each state is then checked exactly again when it is answered.
-    Runs on the engine thread."""
-    if engine.unavailable_reason:
-        raise Unavailable(engine.unavailable_reason)
-    questions = rotations.flatten(batch.plan(0).asked)
-    asked = engine.asked_tokens(questions)
-    request_limit = engine.settings.request_token_limit
-    first = questions[0]
-    total = 0
-    for i, state in enumerate(batch.states):
-        where = f"states[{i}]"
-        engine.special_tokens.check(state, where)
-        own = engine.state_tokens(replace(first, state=state), where)
-        total += own + asked
-        if total > request_limit:  # the states after this one can only add to it
-            raise PayloadTooLarge(
-                f"the batch needs at least {total} evaluated tokens (states[0] to {where}), "
-                f"over the limit of {request_limit} (SEMIF_MAX_REQUEST_TOKENS)",
-                field="body",
-                tokens=total,
-                limit=request_limit,
-            )
-
-
-def answer_state(engine: DecisionEngine, batch: BatchPlan, i: int, strict: bool) -> dict[str, Any]:
-    """One state of a batch, answered exactly as a single request with that state; a limit it
-    breaks names the state. Runs on the engine thread."""
-    try:
-        return answer(engine, batch.plan(i), strict)
-    except PayloadTooLarge as exc:
-        raise PayloadTooLarge(
-            f"states[{i}]: {exc.message}", field=f"states[{i}]", **exc.extra
-        ) from None
-
-
-def combine_batch(responses: list[dict[str, Any]], strict: bool) -> dict[str, Any]:
-    """The states' answers in the request's order, with their usage summed."""
-    combined: dict[str, Any] = {
-        "model": responses[0]["model"],
-        "answers": [r["answers"] for r in responses],
-        "usage": {
-            "input_tokens": sum(r["usage"]["input_tokens"] for r in responses),
-            "output_tokens": 0,
-        },
-    }
-    if not strict:
-        combined["semif"] = {
-            "states": [
-                {"questions": r["semif"]["questions"], "timing": r["semif"]["timing"]}
-                for r in responses
-            ],
-            "prompt_version": ", ".join(
-                sorted({v for r in responses for v in r["semif"]["prompt_version"].split(", ")})
-            ),
-            "model": responses[0]["semif"]["model"],
-        }
-    return combined

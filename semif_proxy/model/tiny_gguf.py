@@ -1,4 +1,4 @@
-"""A small GGUF writer and a random-weight llama model made with it.
+"""A random-weight llama model, written with the GGUF writer (gguf_writer.py).
 
 The image's selfcheck loads such a model to prove that the engine really computes on the
 libllama and backends it runs against (a model load is where a GGML_BACKEND_DL build without its
@@ -15,22 +15,17 @@ pool of random numbers, streamed to the file tensor by tensor, never all in memo
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import re
-import struct
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 import numpy as np
 
-ALIGNMENT = 32
-_U32, _I32, _F32, _BOOL, _STRING, _ARRAY, _U64 = 4, 5, 6, 7, 8, 9, 10
-_TENSOR_TYPES = {np.dtype(np.float32): 0, np.dtype(np.float16): 1}
-TOKEN_NORMAL, TOKEN_CONTROL = 1, 3
+from semif_proxy.model.gguf_writer import TOKEN_CONTROL, TOKEN_NORMAL, LazyTensor, write_gguf
+from semif_proxy.model.tiny_vocab import WORDS, byte_to_unicode, pair_tokens, word_merges
 
 CHATML_TEMPLATE = (
     "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + "
@@ -40,126 +35,6 @@ CHATML_TEMPLATE = (
 SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 
 
-def _string(out: BinaryIO, text: str) -> None:
-    data = text.encode("utf-8")
-    out.write(struct.pack("<Q", len(data)))
-    out.write(data)
-
-
-def _value_type(value: Any) -> int:
-    if isinstance(value, bool):
-        return _BOOL
-    if isinstance(value, int):
-        return _U32 if value >= 0 else _I32
-    if isinstance(value, float):
-        return _F32
-    if isinstance(value, str):
-        return _STRING
-    raise TypeError(f"no GGUF type for {type(value).__name__}")
-
-
-def _scalar(out: BinaryIO, kind: int, value: Any) -> None:
-    if kind == _STRING:
-        _string(out, value)
-    else:
-        out.write(struct.pack({_U32: "<I", _I32: "<i", _F32: "<f", _BOOL: "<?"}[kind], value))
-
-
-def _kv(out: BinaryIO, key: str, value: Any) -> None:
-    _string(out, key)
-    if isinstance(value, (list, tuple)):
-        kind = _value_type(value[0]) if value else _I32
-        if kind == _U32:
-            kind = _I32  # integer arrays (token types) are INT32 in llama.cpp's files
-        out.write(struct.pack("<IIQ", _ARRAY, kind, len(value)))
-        for item in value:
-            _scalar(out, kind, item)
-    else:
-        kind = _value_type(value)
-        out.write(struct.pack("<I", kind))
-        _scalar(out, kind, value)
-
-
-def _pad(out: BinaryIO) -> None:
-    out.write(b"\0" * (-out.tell() % ALIGNMENT))
-
-
-@dataclass(frozen=True)
-class LazyTensor:
-    """A tensor whose bytes are made only while the file is written (`chunks` yields them in
-    order, each a contiguous array of `dtype`), so a big model never sits in memory whole."""
-
-    shape: tuple[int, ...]
-    dtype: np.dtype
-    chunks: Callable[[], Iterable[np.ndarray]]
-
-    @property
-    def ndim(self) -> int:
-        return len(self.shape)
-
-    @property
-    def nbytes(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64)) * np.dtype(self.dtype).itemsize
-
-
-def write_gguf(
-    path: Path, metadata: Mapping[str, Any], tensors: Mapping[str, np.ndarray | LazyTensor]
-) -> Path:
-    """A GGUF file with these key/values and tensors (numpy shape order; GGUF stores it
-    reversed)."""
-    arrays = {
-        name: t if isinstance(t, LazyTensor) else np.ascontiguousarray(t)
-        for name, t in tensors.items()
-    }
-    with Path(path).open("wb") as out:
-        out.write(b"GGUF")
-        out.write(struct.pack("<IQQ", 3, len(arrays), len(metadata) + 1))
-        _kv(out, "general.alignment", ALIGNMENT)
-        for key, value in metadata.items():
-            _kv(out, key, value)
-        offset = 0
-        for name, t in arrays.items():
-            dtype = np.dtype(t.dtype)
-            if dtype not in _TENSOR_TYPES:
-                raise TypeError(f"{name}: only float32 and float16 tensors, got {dtype}")
-            _string(out, name)
-            out.write(struct.pack("<I", t.ndim))
-            for dim in reversed(t.shape):
-                out.write(struct.pack("<Q", dim))
-            out.write(struct.pack("<IQ", _TENSOR_TYPES[dtype], offset))
-            offset += t.nbytes + (-t.nbytes % ALIGNMENT)
-        _pad(out)
-        for name, t in arrays.items():
-            if isinstance(t, LazyTensor):
-                written = 0
-                for chunk in t.chunks():
-                    piece = np.ascontiguousarray(chunk, dtype=t.dtype)
-                    out.write(memoryview(piece).cast("B"))
-                    written += piece.nbytes
-                if written != t.nbytes:
-                    raise ValueError(f"{name}: wrote {written} bytes, expected {t.nbytes}")
-            else:
-                out.write(t.tobytes())
-            _pad(out)
-    return Path(path)
-
-
-def byte_to_unicode() -> dict[int, str]:
-    """GPT-2's reversible byte <-> printable-character table, which llama.cpp's BPE expects."""
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
-    bs += list(range(ord("®"), ord("ÿ") + 1))
-    cs = bs[:]
-    n = 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return {b: chr(c) for b, c in zip(bs, cs)}
-
-
-# The fast weights: one pool of unit normals (a length that no row width divides, so rows are
-# not repeats of each other), sliced from a random offset for each tensor.
 POOL_SIZE = (1 << 24) - 3
 
 
@@ -186,92 +61,6 @@ class _WeightPool:
                 at = 0
 
         return LazyTensor(tuple(shape), self._dtype, chunks)
-
-
-def pair_tokens(count: int, taken: Sequence[str] = ()) -> list[str]:
-    """`count` two-byte tokens (in the byte-to-unicode alphabet, so every one detokenizes):
-    filler that brings a vocabulary to a real model's size. Without merges the tokenizer never
-    produces them, so text still tokenizes one byte a token."""
-    table = byte_to_unicode()
-    seen = set(taken)
-    out: list[str] = []
-    for a in range(256):
-        for b in range(256):
-            if len(out) == count:
-                return out
-            token = table[a] + table[b]
-            if token not in seen:
-                out.append(token)
-    if len(out) < count:
-        raise ValueError(f"at most {len(out)} two-byte filler tokens, asked for {count}")
-    return out
-
-
-# Words that `words=WORDS` makes single tokens (alone and after a space), so that English text
-# and the decision prompt tokenize at about a real model's rate (~4-5 characters a token)
-# instead of one byte a token: the decision prompt's own words, JSON's punctuation, and
-# common English (bench/gpu.py builds its evidence texts from them).
-_WORD_TEXT = """
-    You are a careful decision function Apply the criterion to evidence and choose one listed
-    option that fits best Answer with only letter of nothing else letters options description
-    state question which should handle this ticket customer email order support queue billing
-    account access shipping delivery payment refund invoice password reset login problem
-    problems tracking team urgent late charged twice again still never arrives cannot log in
-    the a an of to in on for with from by at as is was were be been has have had it its this
-    that these those there their they we you he she not no yes or but if then than so very
-    more most less all any some each every other new old first last next day days week month
-    time year today before after during while since until about over under into out up down
-    again also only just even well good bad high low long short small large same different
-    please thanks hello customer service product price cost store shop web card bank warehouse
-    carrier package parcel box address city street number date hour minute call phone message
-    reply sent send received receive open closed help issue request report update change cancel
-    return exchange damaged missing wrong right correct item items quantity total amount due
-    paid pay charge credit debit balance plan subscription renew renewal trial free premium
-    error failed failure works working broken slow fast crash bug app website page button
-    system user assistant three times requested invoices refunds questions answers case cases
-"""
-WORDS = (*_WORD_TEXT.split(), '{"', '":', '",', '"}', '"},', "}]", '."')
-
-
-def word_merges(words: Sequence[str]) -> tuple[list[str], list[str]]:
-    """Tokens and BPE merges, learned the way BPE is trained (the most frequent adjacent pair
-    first, until none is left), that make each word one token: alone, after a space,
-    capitalised, and capitalised after a space. Applied in rank order, as llama.cpp applies
-    them, they give every such word back as one token."""
-    table = byte_to_unicode()
-    forms = dict.fromkeys(
-        f for w in words for f in (w, " " + w, w[:1].upper() + w[1:], " " + w[:1].upper() + w[1:])
-    )
-    encoded = ("".join(table[b] for b in form.encode("utf-8")) for form in forms)
-    pieces = [list(text) for text in encoded if len(text) > 1]
-    tokens: list[str] = []
-    merges: list[str] = []
-    known = {table[b] for b in range(256)}
-    while pieces:
-        counts: dict[tuple[str, str], int] = {}
-        for seq in pieces:
-            for pair in itertools.pairwise(seq):
-                counts[pair] = counts.get(pair, 0) + 1
-        left, right = max(counts, key=lambda p: (counts[p], p))
-        joined = left + right
-        merges.append(f"{left} {right}")
-        if joined not in known:
-            known.add(joined)
-            tokens.append(joined)
-        merged = []
-        for seq in pieces:
-            out, i = [], 0
-            while i < len(seq):
-                if i + 1 < len(seq) and seq[i] == left and seq[i + 1] == right:
-                    out.append(joined)
-                    i += 2
-                else:
-                    out.append(seq[i])
-                    i += 1
-            if len(out) > 1:
-                merged.append(out)
-        pieces = merged
-    return tokens, merges
 
 
 def write_tiny_llama(

@@ -7,7 +7,7 @@ import functools
 
 from aiohttp import web
 
-from semif_proxy.api import systemone
+from semif_proxy.api import systemone_batch, systemone_schemas
 from semif_proxy.api.services import SERVICES
 from semif_proxy.http import engine_job
 from semif_proxy.http.bodies import read_json_object
@@ -37,19 +37,19 @@ async def batch_route(request: web.Request) -> web.Response:
     settings = request.app[SETTINGS]
     async with request.app[DECISION_ADMISSION].slot(remaining(request)):
         body, _ = await read_json_object(request, settings.max_body_bytes)
-        batch = systemone.plan_batch(body, settings, engine.sha256)
+        batch = systemone_batch.plan_batch(body, settings, engine.sha256)
         await engine_job.run_job(
-            request, engine, functools.partial(systemone.check_batch, engine, batch)
+            request, engine, functools.partial(systemone_batch.check_batch, engine, batch)
         )
         responses = [
             await engine_job.run_job(
                 request,
                 engine,
-                functools.partial(systemone.answer_state, engine, batch, i, settings.strict),
+                functools.partial(systemone_batch.answer_state, engine, batch, i, settings.strict),
             )
             for i in range(len(batch.states))
         ]
-    response = systemone.combine_batch(responses, settings.strict)
+    response = systemone_batch.combine_batch(responses, settings.strict)
     response["request_id"] = request[REQUEST_ID]
     request["tokens"] = response["usage"]["input_tokens"]
     return web.json_response(response)
@@ -59,7 +59,7 @@ async def models_route(request: web.Request) -> web.StreamResponse:
     if not request.app[SETTINGS].decisions:
         return await proxy.passthrough(request)  # chat-only: llama-server's own list
     engine = engine_job.require_engine(request)
-    listing = systemone.models_listing(request.app[SETTINGS].model_path, engine.sha256)
+    listing = systemone_schemas.models_listing(request.app[SETTINGS].model_path, engine.sha256)
     return web.json_response(listing)
 
 
