@@ -29,6 +29,19 @@ DEFAULT_MAX_BODY_BYTES = 6 << 20
 # The engine's default tokens per llama_decode call (SEMIF_UBATCH_SIZE), by device.
 UBATCH_CPU = 256
 UBATCH_GPU = 512
+# Defaults no variable sets, kept with the rest:
+# - failed probes in a row before llama-server counts as unhealthy (one missed probe is not a
+#   stall: on a busy 2-core machine a /health call can miss its timeout while it generates);
+LLAMA_UNHEALTHY_AFTER = 2
+# - the restart backoff of an exited llama-server, first and longest (seconds);
+LLAMA_BACKOFF_INITIAL_S = 0.5
+LLAMA_BACKOFF_MAX_S = 30.0
+# - CPU sharing dynamic: how long chats wait for the second llama-server's chats to end before
+#   they join them (cpu/dynamic.py);
+CPU_DRAIN_GRACE_S = 5.0
+# - JSON Lines lines per engine job: a job holds the engine (and the CPU) until it ends, so a
+#   large group of one state is cut into jobs that other requests can run between.
+JSON_LINES_PER_JOB = 16
 
 
 class SettingsError(ValueError):

@@ -39,14 +39,15 @@ from typing import TYPE_CHECKING, Any
 
 from semif_proxy.cpu.gate import CpuGate, no_turn
 from semif_proxy.errors import Timeout
+from semif_proxy.settings import CPU_DRAIN_GRACE_S
 
 if TYPE_CHECKING:
     from semif_proxy.cpu.policy import Threaded, Upstream
 
 # How long chats wait for the split llama-server's chats to end before they join them (a chat
 # alone goes back to every core once those end; a long or slowly read stream must not hold
-# every later chat back until its deadline).
-DRAIN_GRACE_S = 5.0
+# every later chat back until its deadline). Its default lives with the others (settings.py).
+DRAIN_GRACE_S = CPU_DRAIN_GRACE_S
 
 
 class CpuDynamicSplit:

@@ -118,11 +118,10 @@ def second_server_fits(room: int | None, first_private: int | None) -> bool:
 
 @dataclass(frozen=True)
 class ThreadPlan:
-    """Who gets which cores. `slice`: the engine and llama-server both use every core and
-    take turns while both have work (cpu_slicer.py); `gate`: both use every core and the
-    CPU gate runs one job at a time; `dynamic`: alone, each uses every core; while both have
+    """Who gets which cores (the policy that keeps to it: policy.py). `gate`: both use every
+    core and one job runs at a time; `dynamic`: alone, each uses every core; while both have
     work, the cores are divided: the engine drops to `engine_split` threads and chat goes to a
-    second llama-server started with `llama_server_split` (cpu_dynamic.py); `split`: the cores
+    second llama-server started with `llama_server_split` (dynamic.py); `split`: the cores
     are divided between the two, both run at once; `none`: both use every core, unguarded (GPU
     offload: the cores mostly wait)."""
 

@@ -61,7 +61,7 @@ class DecisionEngine(EngineJobs, TokenChecks, GroupScoring):
         thread: EngineThread | None = None,
     ) -> None:
         self.core = core
-        # Every forward pass on one thread (engine_thread.py), this constructor's own check too.
+        # Every forward pass on one thread (thread.py), this constructor's own check too.
         # A thread passed in is shared with other engines of the process and outlives this one.
         self._owns_thread = thread is None
         self.thread = thread or EngineThread()

@@ -1,5 +1,6 @@
 """What the application starts and stops (its aiohttp `cleanup_ctx` entries): the decision
-engine, the supervised llama-server child and the HTTP client session to it. Both slow loads
+engine, the supervised llama-server children (one, or two under CPU sharing dynamic)
+and the HTTP client session to them. Both slow loads
 run in the background, so the port opens at once and /ping says 503 until they are ready; a
 load that fails records why and calls the start-up's `on_fatal` (the CLI ends the process)."""
 
@@ -63,17 +64,17 @@ async def engine_ctx(app: web.Application) -> AsyncIterator[None]:
         await asyncio.get_running_loop().run_in_executor(None, engine.close)
 
 
-async def _start_llama(app: web.Application, server: LlamaServer, split: bool) -> bool:
-    """The split llama-server's failure is not fatal: chat goes to the main one."""
+async def _start_llama(app: web.Application, server: LlamaServer, second: bool) -> bool:
+    """The second llama-server's failure is not fatal: chat goes to the main one."""
     try:
         await server.start()
         return True
     except Exception as exc:
-        if not split:
+        if not second:
             _fatal(app, "llama-server", exc)
             return False
         log.error(
-            "the split llama-server failed to start; chat uses the main one through the gate",
+            "the second llama-server failed to start; chat uses the main one through the gate",
             extra={"event": "llama_server_split_failed", "error": str(exc)},
         )
         app[STARTUP].second_not_started = f"it failed to start: {exc}"
@@ -81,11 +82,11 @@ async def _start_llama(app: web.Application, server: LlamaServer, split: bool) -
 
 
 async def _start_all(app: web.Application, servers: list[LlamaServer]) -> None:
-    """The main llama-server first; the split one once the main one is healthy and the engine
+    """The main llama-server first; the second one once the main one is healthy and the engine
     loaded (side by side, each load would slow the others and /ping would say 200 later), and
     only if the memory left holds it."""
     main, *rest = servers
-    if not await _start_llama(app, main, split=False) or not rest:
+    if not await _start_llama(app, main, second=False) or not rest:
         return
     while app[ENGINE].engine is None and not app[STARTUP].errors:
         await asyncio.sleep(0.1)  # the engine's own load: its memory counts too
@@ -102,7 +103,7 @@ async def _start_all(app: web.Application, servers: list[LlamaServer]) -> None:
         )
         app[STARTUP].second_not_started = "the memory left would not hold it"
         return
-    await _start_llama(app, rest[0], split=True)
+    await _start_llama(app, rest[0], second=True)
 
 
 async def llama_ctx(app: web.Application) -> AsyncIterator[None]:

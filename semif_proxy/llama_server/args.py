@@ -202,7 +202,7 @@ def llama_server_args(env: Mapping[str, str], configured: Path | None) -> list[s
 
 def with_defaults(args: Sequence[str], threads: int | None) -> list[str]:
     """The operator's arguments plus what the proxy chooses where the operator did not:
-    - threads from the CPU plan (semif_proxy/cpu.py);
+    - threads from the CPU plan (cpu/plan.py);
     - flash attention off, as in the engine. Then the same prompt gives the same next-token
       distribution through /completion as through a decision (with it on, llama.cpp's CPU
       kernels sum attention in another order: up to 0.06 apart in probability), and prompt

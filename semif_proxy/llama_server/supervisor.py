@@ -1,4 +1,5 @@
-"""Supervision of the llama-server child: start, probe, restart, stop.
+"""Supervision of one llama-server child (the server starts one, or two under CPU sharing
+dynamic): start, probe, restart, stop.
 
 A probe that succeeds makes the child healthy again; `unhealthy_after` failed probes in a row
 make it unhealthy; `max_failed_probes` in a row (a stalled or wedged child) get it killed and
@@ -21,6 +22,12 @@ from pathlib import Path
 import aiohttp
 
 from semif_proxy.llama_server.output import LineReader
+from semif_proxy.settings import (
+    LLAMA_BACKOFF_INITIAL_S,
+    LLAMA_BACKOFF_MAX_S,
+    LLAMA_UNHEALTHY_AFTER,
+    Settings,
+)
 
 log = logging.getLogger("semif_proxy.llama_server")
 child_log = logging.getLogger("semif_proxy.llama_server.output")
@@ -32,22 +39,23 @@ class LlamaServerError(RuntimeError):
     pass
 
 
+def _default(name: str) -> float:
+    return Settings.model_fields[name].default
+
+
 @dataclass(frozen=True)
 class Supervision:
-    """How the child is watched. The defaults fit SageMaker: start-up may take minutes for a big
-    model (the platform allows up to 600 s), a stall is noticed within seconds."""
+    """How the child is watched; the defaults are the settings' (settings.py). They fit
+    SageMaker: start-up may take minutes for a big model (the platform allows up to 600 s), a
+    stall is noticed within seconds."""
 
-    start_timeout: float = 600.0
-    probe_interval: float = 2.0
-    probe_timeout: float = 2.0
-    # One missed probe is not a stall: on a loaded machine a /health call can miss its timeout
-    # while llama-server generates, and calling the child unhealthy for that turned a chat call
-    # into a 503 (seen on a busy 2-core CI machine). Two in a row still notice a SIGSTOP in
-    # seconds.
-    unhealthy_after: int = 2
-    max_failed_probes: int = 5
-    backoff_initial: float = 0.5
-    backoff_max: float = 30.0
+    start_timeout: float = _default("llama_server_start_timeout")
+    probe_interval: float = _default("health_interval")
+    probe_timeout: float = _default("health_timeout")
+    unhealthy_after: int = LLAMA_UNHEALTHY_AFTER
+    max_failed_probes: int = int(_default("max_failed_probes"))
+    backoff_initial: float = LLAMA_BACKOFF_INITIAL_S
+    backoff_max: float = LLAMA_BACKOFF_MAX_S
 
 
 def _die_with_parent() -> None:

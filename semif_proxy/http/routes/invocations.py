@@ -16,12 +16,12 @@ from semif_proxy.http.bodies import read_json_object, read_limited
 from semif_proxy.http.keys import CHAT_ADMISSION, DECISION_ADMISSION, SETTINGS
 from semif_proxy.http.middleware import REQUEST_ID, deadline_passed, remaining
 from semif_proxy.http.routes import proxy, systemone
+from semif_proxy.settings import JSON_LINES_PER_JOB
 
 log = logging.getLogger("semif_proxy.access")
-# Lines per engine job: one job holds the engine (and the CPU gate) until it ends, so a large
-# group of one state is cut into jobs that other requests can run between. The engine keeps the
-# state's prefix across them unless another request's job replaced it.
-LINES_PER_JOB = 16
+# Lines per engine job (settings.py says why); the engine keeps the state's prefix across jobs
+# unless another request's job replaced it.
+LINES_PER_JOB = JSON_LINES_PER_JOB
 
 
 async def invocations(request: web.Request) -> web.StreamResponse:
