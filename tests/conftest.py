@@ -3,13 +3,13 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from semif_proxy.engine import native
-from semif_proxy.testing.server import ProxyProcess, free_port
+from semif_proxy.testing.server import PRESETS, ProxyProcess, free_port
 from tests.helpers.tiny_model import write_tiny_model
 
 DEFAULT_MODEL = (
@@ -111,6 +111,37 @@ def llama_server_url(model_path: Path) -> Iterator[str]:
     """A real llama-server on the default model, for parity checks."""
     with running_llama_server(model_path) as url:
         yield url
+
+
+StartProxy = Callable[..., ProxyProcess]
+
+
+@pytest.fixture
+def start_proxy(tmp_path: Path) -> Iterator[StartProxy]:
+    """Real servers for one test, each logging to the test's own folder; whatever happens in
+    the test, every one is stopped at its end (the one teardown of the suite's servers).
+
+    start_proxy(model, env=None, preset="full", launch=False, timeout=120): `preset` names
+    semif_proxy.testing.server.PRESETS, `env` goes on top of it; launch=True returns the
+    process started but not yet ready (for tests of the start itself)."""
+    started: list[ProxyProcess] = []
+
+    def start(
+        model: Path | None,
+        env: dict[str, str | None] | None = None,
+        *,
+        preset: str = "full",
+        launch: bool = False,
+        timeout: float = 120.0,
+    ) -> ProxyProcess:
+        log = tmp_path / f"proxy-{len(started)}.log"
+        server = ProxyProcess(model, {**PRESETS[preset], **(env or {})}, log_path=log)
+        started.append(server)
+        return server.launch() if launch else server.start(timeout)
+
+    yield start
+    for server in reversed(started):
+        server.stop()
 
 
 @pytest.fixture(scope="session")

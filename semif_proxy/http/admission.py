@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Callable
 
 from semif_proxy.errors import Overloaded, Timeout
 
@@ -17,6 +18,9 @@ class Admission:
         self.running = 0
         self.waiting = 0
         self.rejected = 0
+        # Called with the seconds each admitted (or timed-out) request waited for its place:
+        # the queue-wait histogram (metrics.py; set by health.register_gauges).
+        self.on_wait: Callable[[float], None] | None = None
         self._semaphore = asyncio.Semaphore(max_in_flight)
 
     @property
@@ -38,6 +42,7 @@ class Admission:
         if self.full:
             self.refuse()
         self.waiting += 1
+        queued = time.perf_counter()
         try:
             # asyncio.Semaphore wakes waiters in FIFO order
             await asyncio.wait_for(self._semaphore.acquire(), timeout)
@@ -49,6 +54,8 @@ class Admission:
             ) from None
         finally:
             self.waiting -= 1
+            if self.on_wait is not None:
+                self.on_wait(time.perf_counter() - queued)
         self.running += 1
         try:
             yield

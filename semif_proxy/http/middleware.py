@@ -17,6 +17,11 @@ log = logging.getLogger("semif_proxy.access")
 REQUEST_ID = "request_id"
 # Monotonic (loop.time()) instant by which the request's own work must end: queueing included.
 DEADLINE = "deadline"
+# perf_counter() at arrival, the request's route label in the metrics (fixed set, metrics.py),
+# and whether its first upstream chunk was timed (first_chunk).
+STARTED = "started"
+METRICS_ROUTE = "metrics_route"
+FIRST_CHUNK = "first_chunk"
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
@@ -46,6 +51,17 @@ def _route_name(request: web.Request) -> str:
     return info.canonical if info is not None else "unmatched"
 
 
+def first_chunk(request: web.Request, upstream_status: int, stream: bool) -> None:
+    """Time to first token: from the request's arrival to the relay's first chunk from
+    llama-server, observed once per request (later calls do nothing), for answers only (2xx:
+    an error comes back fast and says nothing about generation)."""
+    if request.get(FIRST_CHUNK) or STARTED not in request or not 200 <= upstream_status < 300:
+        return
+    request[FIRST_CHUNK] = True
+    elapsed = time.perf_counter() - request[STARTED]
+    request.app[METRICS].first_chunk(request[METRICS_ROUTE], stream, elapsed)
+
+
 @web.middleware
 async def request_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     request_id = request.headers.get("X-Request-Id") or uuid.uuid4().hex
@@ -54,8 +70,13 @@ async def request_middleware(request: web.Request, handler: Handler) -> web.Stre
     request[REQUEST_ID] = request_id
     request[DEADLINE] = asyncio.get_running_loop().time() + request.app[SETTINGS].request_timeout
     metrics = request.app[METRICS]
-    metrics.in_flight += 1
-    start = time.perf_counter()
+    resource = request.match_info.route.resource
+    metrics_route = metrics.route_label(
+        resource.canonical if resource is not None else None, request.raw_path
+    )
+    request[METRICS_ROUTE] = metrics_route
+    metrics.in_flight.inc()
+    start = request[STARTED] = time.perf_counter()
     status = 500
     try:
         try:
@@ -88,9 +109,12 @@ async def request_middleware(request: web.Request, handler: Handler) -> web.Stre
         return response
     finally:
         elapsed = time.perf_counter() - start
-        metrics.in_flight -= 1
+        metrics.in_flight.dec()
         route = _route_name(request)
-        metrics.observe_request(route, request.method, status, elapsed)
+        # Labels from fixed sets only (metrics.py): the method and route a client sent are not.
+        metrics.observe_request(
+            metrics_route, request.method, status, elapsed, request.get("tokens")
+        )
         log.info(
             "request",
             extra={

@@ -60,6 +60,16 @@ class Reply:
         return json.loads(self.body)
 
 
+# The settings tests and benchmarks start servers with, by name (on top of the loopback ports,
+# the 4,096-token context and the one thread every test server gets; None removes a variable).
+PRESETS: dict[str, dict[str, str | None]] = {
+    "full": {},  # chat and decisions
+    "decisions": {"SEMIF_CHAT": "off"},  # no llama-server: faster to start, nothing to stall
+    # The product's own defaults for threads and llama-server slots (CPU sharing as deployed).
+    "defaults": {"SEMIF_THREADS": None, "SM_LLAMA_CPP_PARALLEL": None},
+}
+
+
 class ProxyProcess:
     def __init__(
         self,

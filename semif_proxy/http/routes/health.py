@@ -9,6 +9,7 @@ from aiohttp import web
 
 from semif_proxy import __version__
 from semif_proxy.engine import native
+from semif_proxy.http.auth import normalise_path
 from semif_proxy.http.keys import (
     CHAT_ADMISSION,
     CPU_POLICY,
@@ -21,6 +22,8 @@ from semif_proxy.http.keys import (
     STARTUP,
     THREAD_PLAN,
 )
+from semif_proxy.http.metrics import CATCH_ALL, CONTENT_TYPE
+from semif_proxy.http.routes import proxy
 from semif_proxy.llama_server.supervisor import LlamaServer
 
 
@@ -110,14 +113,28 @@ async def health(request: web.Request) -> web.Response:
             "bytes": engine.cache.size_bytes,
             **vars(engine.cache.stats),
         }
-        # Split vs one-piece letter logits on this libllama, compared at load (engine.py);
+        # Split vs one-piece letter logits on this libllama, compared at load (engine/exactness.py);
         # null when the letter check already refused the model.
         body["exactness_check"] = engine.exactness.as_dict() if engine.exactness else None
     return web.json_response(body, status=200 if ready else 503)
 
 
 def register_gauges(app: web.Application) -> None:
+    """What /metrics reads when scraped (counts kept elsewhere, queue depths), the queue-wait
+    observers, and the fixed label sets for routes (metrics.py)."""
     metrics = app[METRICS]
+    metrics.forwarded = frozenset(p for _, p in proxy.UPSTREAM_ROUTES | proxy.ADMIN_ROUTES)
+    metrics.chat_routes = proxy.COMPUTE_PATHS | {"/invocations"}
+    metrics.normalise = normalise_path
+
+    async def freeze_routes(app: web.Application) -> None:
+        # Every route is added by now, and the router can no longer change: a fixed set.
+        own = {resource.canonical for resource in app.router.resources()}
+        metrics.own_routes = frozenset(own - {CATCH_ALL})
+
+    app.on_startup.append(freeze_routes)
+    for admission in (app[DECISION_ADMISSION], app[CHAT_ADMISSION]):
+        admission.on_wait = metrics.queue_waited(admission.name)
 
     def engine_attr(fn: Any) -> Any:
         def value() -> float:
@@ -126,36 +143,82 @@ def register_gauges(app: web.Application) -> None:
 
         return value
 
-    metrics.gauge(
-        "semif_engine_tokens_evaluated_total", engine_attr(lambda e: e.core.tokens_evaluated)
+    def llama_attr(name: str) -> Any:
+        return lambda: float(getattr(app[LLAMA], name)) if app.get(LLAMA) is not None else 0.0
+
+    metrics.counter(
+        "semif_engine_tokens_evaluated_total",
+        engine_attr(lambda e: e.core.tokens_evaluated),
+        "Tokens the decision engine has run forward passes on.",
     )
     # 1 while a job runs on the engine thread: what "the request is in the engine now" means.
-    metrics.gauge("semif_engine_job_running", engine_attr(lambda e: e.job_running))
-    metrics.gauge("semif_engine_jobs_aborted_total", engine_attr(lambda e: e.aborted_jobs))
-    metrics.gauge("semif_prefix_cache_hits_total", engine_attr(lambda e: e.cache.stats.hits))
-    metrics.gauge("semif_prefix_cache_misses_total", engine_attr(lambda e: e.cache.stats.misses))
-    metrics.gauge("semif_prefix_cache_bytes", engine_attr(lambda e: e.cache.size_bytes))
-    metrics.gauge("semif_decision_queue_depth", lambda: float(app[DECISION_ADMISSION].waiting))
-    metrics.gauge("semif_decision_running", lambda: float(app[DECISION_ADMISSION].running))
-    metrics.gauge("semif_decision_rejected_total", lambda: float(app[DECISION_ADMISSION].rejected))
-    metrics.gauge("semif_chat_queue_depth", lambda: float(app[CHAT_ADMISSION].waiting))
-    metrics.gauge("semif_chat_running", lambda: float(app[CHAT_ADMISSION].running))
     metrics.gauge(
-        "semif_llama_server_restarts_total",
-        lambda: float(app[LLAMA].restarts) if app.get(LLAMA) is not None else 0.0,
+        "semif_engine_job_running",
+        engine_attr(lambda e: e.job_running),
+        "1 while a job runs on the decision engine's thread.",
     )
-    metrics.gauge("semif_cpu_gate_waiting", lambda: float(app[CPU_POLICY].waiting))
-    metrics.gauge("semif_cpu_gate_waits_total", lambda: float(app[CPU_POLICY].waits))
+    metrics.counter(
+        "semif_engine_jobs_aborted_total",
+        engine_attr(lambda e: e.aborted_jobs),
+        "Engine jobs stopped before their end (deadline passed).",
+    )
+    metrics.counter(
+        "semif_prefix_cache_hits_total",
+        engine_attr(lambda e: e.cache.stats.hits),
+        "Prefix cache hits.",
+    )
+    metrics.counter(
+        "semif_prefix_cache_misses_total",
+        engine_attr(lambda e: e.cache.stats.misses),
+        "Prefix cache misses.",
+    )
     metrics.gauge(
+        "semif_prefix_cache_bytes",
+        engine_attr(lambda e: e.cache.size_bytes),
+        "Bytes the prefix cache holds.",
+    )
+    for queue, key in (("decision", DECISION_ADMISSION), ("chat", CHAT_ADMISSION)):
+        admission = app[key]
+        metrics.gauge(
+            f"semif_{queue}_queue_depth",
+            lambda a=admission: float(a.waiting),
+            f"Requests waiting in the {queue} queue.",
+        )
+        metrics.gauge(
+            f"semif_{queue}_running",
+            lambda a=admission: float(a.running),
+            f"Requests holding a {queue} running place.",
+        )
+        metrics.counter(
+            f"semif_{queue}_rejected_total",
+            lambda a=admission: float(a.rejected),
+            f"Requests refused at once because the {queue} queue was full (429).",
+        )
+    metrics.counter(
+        "semif_llama_server_restarts_total",
+        llama_attr("restarts"),
+        "Restarts of llama-server by its supervisor.",
+    )
+    metrics.counter(
         "semif_llama_server_unresponsive_kills_total",
-        lambda: float(app[LLAMA].unresponsive_kills) if app.get(LLAMA) is not None else 0.0,
+        llama_attr("unresponsive_kills"),
+        "llama-server processes killed for not answering their health probes.",
+    )
+    metrics.gauge(
+        "semif_cpu_gate_waiting",
+        lambda: float(app[CPU_POLICY].waiting),
+        "Calls waiting for their turn at the CPU gate.",
+    )
+    metrics.counter(
+        "semif_cpu_gate_waits_total",
+        lambda: float(app[CPU_POLICY].waits),
+        "Calls that had to wait at the CPU gate.",
     )
 
 
 async def metrics(request: web.Request) -> web.Response:
-    return web.Response(
-        text=request.app[METRICS].render(),
-        content_type="text/plain",
-        charset="utf-8",
-        headers={"X-Content-Type-Options": "nosniff"},
+    response = web.Response(
+        body=request.app[METRICS].render(), headers={"X-Content-Type-Options": "nosniff"}
     )
+    response.headers["Content-Type"] = CONTENT_TYPE  # prometheus_client's, version included
+    return response

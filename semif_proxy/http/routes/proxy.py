@@ -15,7 +15,7 @@ from semif_proxy.errors import NotFound, Unavailable, UpstreamError
 from semif_proxy.http.auth import normalise_path, split_target
 from semif_proxy.http.bodies import parse_json, read_limited
 from semif_proxy.http.keys import CHAT_ADMISSION, CPU_POLICY, LLAMA, SETTINGS, UPSTREAM
-from semif_proxy.http.middleware import REQUEST_ID, deadline_passed, remaining
+from semif_proxy.http.middleware import REQUEST_ID, deadline_passed, first_chunk, remaining
 from semif_proxy.llama_server.supervisor import LlamaServer
 from semif_proxy.settings import Settings
 
@@ -84,7 +84,7 @@ def _sse_error(message: str) -> bytes:
     return f"data: {json.dumps(payload)}\n\n".encode()
 
 
-# Routes that run the model: they take their turn at the CPU gate (semif_proxy/cpu_gate.py).
+# Routes that run the model: they take a chat turn from the CPU policy (cpu/policy.py).
 # Tokenizing, templates, /props and /models cost nothing worth queueing for.
 COMPUTE_PATHS = frozenset(
     p
@@ -143,6 +143,7 @@ async def _relay(
                 raise UpstreamError(
                     f"llama-server failed mid-answer: {exc.__class__.__name__}"
                 ) from None
+            first_chunk(request, upstream.status, stream=False)  # the whole answer: one chunk
             response.content_length = len(payload)
             await response.prepare(request)
             await response.write(payload)
@@ -151,6 +152,7 @@ async def _relay(
         await response.prepare(request)
         try:
             async for chunk in upstream.content.iter_any():
+                first_chunk(request, upstream.status, stream=True)  # time to first token, once
                 # write() waits for the socket to drain: the client's pace is the upstream's.
                 await response.write(chunk)
         except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
