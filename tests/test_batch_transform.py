@@ -21,7 +21,7 @@ from semif_proxy.errors import EngineFailure, InvalidRequest, PayloadTooLarge
 from semif_proxy.http import jsonlines
 from semif_proxy.settings import load_settings
 from semif_proxy.testing.server import ProxyProcess, wait_for
-from tests.conftest import engine_settings
+from tests.conftest import StartProxy, engine_settings
 from tests.helpers.app_client import settled_ping
 
 KEY = "batch-secret"
@@ -351,26 +351,23 @@ def test_application_json_is_unchanged(batch_server: ProxyProcess) -> None:
 
 
 @pytest.mark.timeout(180)
-def test_each_line_gets_what_it_gets_alone(model_path: Path) -> None:
+def test_each_line_gets_what_it_gets_alone(model_path: Path, start_proxy: StartProxy) -> None:
     """On SmolLM2: every line of a JSON Lines call is answered with the numbers the same body
     gets as its own application/json request, in the line's place."""
-    server = ProxyProcess(model_path, {"SEMIF_CHAT": "off"}).start()
-    try:
-        bodies: list[Any] = [
-            {"decision": decision("a", STATES[0], 0)},
-            {"decision": decision("b", STATES[4], 1)},
-            {"decisions": [decision("c1", STATES[0], 1), decision("c2", STATES[0], 2)]},
-            {"model": "jev-latest", "state": STATES[4], "questions": {"q": {"type": "noul"}}},
-            {"model": "jev-latest", "state": STATES[0], "questions": {"t": QUESTION_CHOICE}},
-            {"decision": decision("d", STATES[0], 0)},
-        ]
-        reply = post_lines(server, [json.dumps(b) for b in bodies])
-        assert reply.status == 200
-        answered = [json.loads(t) for t in reply.body.decode().split("\n")]
-        alone = [server.call("POST", "/invocations", b).json() for b in bodies]
-        assert [numbers(a) for a in answered] == [numbers(a) for a in alone]
-    finally:
-        server.stop()
+    server = start_proxy(model_path, {"SEMIF_CHAT": "off"})
+    bodies: list[Any] = [
+        {"decision": decision("a", STATES[0], 0)},
+        {"decision": decision("b", STATES[4], 1)},
+        {"decisions": [decision("c1", STATES[0], 1), decision("c2", STATES[0], 2)]},
+        {"model": "jev-latest", "state": STATES[4], "questions": {"q": {"type": "noul"}}},
+        {"model": "jev-latest", "state": STATES[0], "questions": {"t": QUESTION_CHOICE}},
+        {"decision": decision("d", STATES[0], 0)},
+    ]
+    reply = post_lines(server, [json.dumps(b) for b in bodies])
+    assert reply.status == 200
+    answered = [json.loads(t) for t in reply.body.decode().split("\n")]
+    alone = [server.call("POST", "/invocations", b).json() for b in bodies]
+    assert [numbers(a) for a in answered] == [numbers(a) for a in alone]
 
 
 QUESTION_CHOICE = {"type": "choice", "criteria": {"calm": None, "angry": "upset"}}
@@ -386,36 +383,31 @@ def numbers(answer: dict[str, Any]) -> Any:
 
 @pytest.mark.timeout(300)
 def test_a_deadline_that_leaves_lines_unanswered_fails_the_call(
-    model_path: Path, tmp_path: Path
+    model_path: Path, tmp_path: Path, start_proxy: StartProxy
 ) -> None:
     """A 200 with timeout lines would be written as the job's results; a 504 is retried by
     SageMaker and then fails the job where it is seen."""
     env = {"SEMIF_CHAT": "off", "SEMIF_REQUEST_TIMEOUT": "10"}
-    server = ProxyProcess(model_path, env, log_path=tmp_path / "deadline.log").start()
-    try:
-        # Every line its own state (no sharing): minutes of work on SmolLM2, for a 10 s deadline.
-        lines = [
-            json.dumps({"decision": decision(f"D{i}", f"Ticket {i}: {'more text ' * 60}", 0)})
-            for i in range(1000)
-        ]
-        tokens = server.metric("semif_engine_tokens_evaluated_total")
-        reply = post_lines(server, lines)
-        assert reply.status == 504, reply.body[:300]
-        error = reply.json()["error"]
-        assert error["type"] == "timeout" and "SEMIF_REQUEST_TIMEOUT" in error["message"]
-        assert (error["field"], error["lines"], error["limit"]) == ("body", 1000, 10)
-        assert 1 <= error["unanswered"] <= 1000
-        assert error["message"].startswith(f"{error['unanswered']} of 1000 lines were not")
-        # The engine worked on the call, and its job was stopped at the deadline, not left to
-        # run through the lines nobody will read.
-        assert server.metric("semif_engine_tokens_evaluated_total") > tokens
-        wait_for(
-            lambda: server.metric("semif_engine_jobs_aborted_total") == 1, 60, "the job stopped"
-        )
-        reply = server.call("POST", "/v1/decisions", {"decision": decision("after", "x", 0)})
-        assert reply.status == 200
-    finally:
-        server.stop()
+    server = start_proxy(model_path, env)
+    # Every line its own state (no sharing): minutes of work on SmolLM2, for a 10 s deadline.
+    lines = [
+        json.dumps({"decision": decision(f"D{i}", f"Ticket {i}: {'more text ' * 60}", 0)})
+        for i in range(1000)
+    ]
+    tokens = server.metric("semif_engine_tokens_evaluated_total")
+    reply = post_lines(server, lines)
+    assert reply.status == 504, reply.body[:300]
+    error = reply.json()["error"]
+    assert error["type"] == "timeout" and "SEMIF_REQUEST_TIMEOUT" in error["message"]
+    assert (error["field"], error["lines"], error["limit"]) == ("body", 1000, 10)
+    assert 1 <= error["unanswered"] <= 1000
+    assert error["message"].startswith(f"{error['unanswered']} of 1000 lines were not")
+    # The engine worked on the call, and its job was stopped at the deadline, not left to
+    # run through the lines nobody will read.
+    assert server.metric("semif_engine_tokens_evaluated_total") > tokens
+    wait_for(lambda: server.metric("semif_engine_jobs_aborted_total") == 1, 60, "the job stopped")
+    reply = server.call("POST", "/v1/decisions", {"decision": decision("after", "x", 0)})
+    assert reply.status == 200
 
 
 def test_a_line_asking_too_many_prompts_is_refused_on_its_line(batch_server: ProxyProcess) -> None:

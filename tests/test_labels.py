@@ -28,7 +28,7 @@ from semif_proxy.engine.worker import DecisionEngine
 from semif_proxy.errors import InvalidRequest
 from semif_proxy.settings import SettingsError, load_settings
 from semif_proxy.testing.server import ProxyProcess
-from tests.conftest import engine_settings
+from tests.conftest import StartProxy, engine_settings
 
 STATE = "The ticket says: I cannot log in since the password reset email never arrived."
 
@@ -261,20 +261,15 @@ def test_numbered_score_levels_carry_no_second_number() -> None:
     assert "level 0" not in rendered
 
 
-def test_the_option_limit_is_a_setting(tiny_model: Path) -> None:
-    server = ProxyProcess(tiny_model, {"SEMIF_CHAT": "off", "SEMIF_MAX_OPTIONS": "10"}).start()
-    try:
-        decision = {"id": "t", "state": "s", "question": "q?", "options": options(11)}
-        over = server.call("POST", "/v1/decisions", {"decisions": [decision]})
-        assert over.status == 413
-        assert over.json()["error"]["field"] == "decisions[0].options"
-        assert "over the limit of 10 (SEMIF_MAX_OPTIONS)" in over.json()["error"]["message"]
-        fits = server.call(
-            "POST", "/v1/decisions", {"decision": {**decision, "options": options(10)}}
-        )
-        assert fits.status == 200
-    finally:
-        server.stop()
+def test_the_option_limit_is_a_setting(tiny_model: Path, start_proxy: StartProxy) -> None:
+    server = start_proxy(tiny_model, {"SEMIF_CHAT": "off", "SEMIF_MAX_OPTIONS": "10"})
+    decision = {"id": "t", "state": "s", "question": "q?", "options": options(11)}
+    over = server.call("POST", "/v1/decisions", {"decisions": [decision]})
+    assert over.status == 413
+    assert over.json()["error"]["field"] == "decisions[0].options"
+    assert "over the limit of 10 (SEMIF_MAX_OPTIONS)" in over.json()["error"]["message"]
+    fits = server.call("POST", "/v1/decisions", {"decision": {**decision, "options": options(10)}})
+    assert fits.status == 200
     with pytest.raises(SettingsError, match="SEMIF_MAX_OPTIONS"):
         load_settings({"SEMIF_MAX_OPTIONS": "256", "SEMIF_CHAT": "off"}, model=str(tiny_model))
 

@@ -10,6 +10,7 @@ import pytest
 from playwright import sync_api as pw
 
 from semif_proxy.testing.server import ProxyProcess
+from tests.conftest import StartProxy
 
 ARTIFACTS = Path(__file__).resolve().parent / "artifacts"
 
@@ -165,13 +166,10 @@ def test_keyboard_only_and_small_screens(browser: object, proxy: ProxyProcess) -
     context.close()
 
 
-def test_playground_can_be_switched_off(model_path: Path) -> None:
-    server = ProxyProcess(model_path, {"SEMIF_PLAYGROUND": "off", "SEMIF_CHAT": "off"}).start()
-    try:
-        assert server.call("GET", "/").status == 404
-        assert server.call("GET", "/playground/app.js").status == 404
-    finally:
-        server.stop()
+def test_playground_can_be_switched_off(model_path: Path, start_proxy: StartProxy) -> None:
+    server = start_proxy(model_path, {"SEMIF_PLAYGROUND": "off", "SEMIF_CHAT": "off"})
+    assert server.call("GET", "/").status == 404
+    assert server.call("GET", "/playground/app.js").status == 404
 
 
 def test_assets_are_local_and_typed(proxy: ProxyProcess) -> None:

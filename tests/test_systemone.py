@@ -16,6 +16,7 @@ from semif_proxy.api import rotations
 from semif_proxy.eval.jevbench import DEFAULT_DIR, predicted_label, read_tasks, task_files
 from semif_proxy.settings import DEFAULT_MAX_BODY_BYTES
 from semif_proxy.testing.server import ProxyProcess
+from tests.conftest import StartProxy
 
 KEY = "test-key-0123456789"
 NO_RETRY = ts.RetryPolicy(max_retries=0)
@@ -261,15 +262,12 @@ def test_every_jevbench_task_gets_a_valid_answer(model_path: Path) -> None:
         server.stop()
 
 
-def test_strict_mode_drops_the_diagnostics_block(model_path: Path) -> None:
-    server = ProxyProcess(model_path, {"SEMIF_CHAT": "off", "SEMIF_STRICT": "1"}).start()
-    try:
-        body = {"model": "jev-latest", "state": STATE, "questions": {"q": {"type": "noul"}}}
-        reply = server.call("POST", "/v1/systemone", body)
-        assert reply.status == 200 and reply.headers.get("X-Request-Id")
-        assert set(reply.json()) == {"model", "answers", "usage"}
-    finally:
-        server.stop()
+def test_strict_mode_drops_the_diagnostics_block(model_path: Path, start_proxy: StartProxy) -> None:
+    server = start_proxy(model_path, {"SEMIF_CHAT": "off", "SEMIF_STRICT": "1"})
+    body = {"model": "jev-latest", "state": STATE, "questions": {"q": {"type": "noul"}}}
+    reply = server.call("POST", "/v1/systemone", body)
+    assert reply.status == 200 and reply.headers.get("X-Request-Id")
+    assert set(reply.json()) == {"model", "answers", "usage"}
 
 
 # -- limits, request ids and model names ------------------------------------------------------

@@ -156,7 +156,11 @@ async def llama_ctx(app: web.Application) -> AsyncIterator[None]:
 
 
 async def upstream_ctx(app: web.Application) -> AsyncIterator[None]:
-    connector = aiohttp.TCPConnector(limit=0)
+    # A fresh loopback connection per call: llama-server may close a kept-alive connection
+    # after a streamed answer, and the next call on it then failed with ServerDisconnectedError
+    # (a 503 for a healthy server; seen once in 30 stream-then-chat pairs). A loopback connect
+    # costs microseconds against a model call.
+    connector = aiohttp.TCPConnector(limit=0, force_close=True)
     async with aiohttp.ClientSession(connector=connector, auto_decompress=False) as session:
         app[UPSTREAM] = session
         yield
