@@ -176,6 +176,17 @@ bench: build model model-qwen
 	$(PY) -m bench --model $(MODEL) --tag smollm2 $(BENCH_ARGS) all
 	$(PY) -m bench --model $(QWEN) --tag qwen2.5-0.5b --tasks easy,original $(BENCH_ARGS) all
 
+# The generated docs, from the code and bench/results/: docs/configuration.md and README.md's
+# settings table (scripts/gen_config_docs.py), docs/benchmarks.md, its plots, README.md's
+# headline table and docs/sagemaker.md's autoscaling block (bench.report --docs), the diagram
+# (scripts/gen_diagram.py). tests/test_docs.py fails when any of them is stale.
+.PHONY: docs
+docs: $(VENV)/.deps
+	$(VENV)/bin/pip install -q -c $(CONSTRAINTS) $(BENCH_DEPS)
+	$(PY) scripts/gen_config_docs.py
+	$(PY) -m bench.report --docs
+	$(PY) scripts/gen_diagram.py
+
 lint: $(VENV)/.deps
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
