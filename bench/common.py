@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from semif_proxy.progress import bar
 from semif_proxy.testing.server import ProxyProcess
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -108,13 +109,21 @@ def machine() -> dict[str, Any]:
     }
 
 
+_BARS: dict[str, Any] = {}
+
+
 def progress(done: int, total: int, label: str) -> None:
-    width = 30
-    filled = int(width * done / max(total, 1))
-    sys.stderr.write(f"\r{label:>12} [{'#' * filled}{'.' * (width - filled)}] {done}/{total}")
-    if done == total:
-        sys.stderr.write("\n")
-    sys.stderr.flush()
+    """`done` of `total` for the suite named `label`: its bar (semif_proxy.progress: tqdm on
+    stderr, nothing off a terminal), closed once done reaches total."""
+    shown = _BARS.get(label)
+    if shown is None or shown.total != total or done < shown.n:
+        if shown is not None:
+            shown.close()
+        shown = _BARS[label] = bar(total=total, desc=label)
+    shown.update(done - shown.n)
+    if done >= total:
+        shown.close()
+        del _BARS[label]
 
 
 def start_server(model: Path, env: dict[str, str | None] | None = None) -> ProxyProcess:

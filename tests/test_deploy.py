@@ -6,8 +6,10 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import tarfile
 from collections.abc import Iterator
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -258,6 +260,10 @@ def test_build_image_errors(tmp_path: Path) -> None:
             image.wait_build(codebuild, "b:1", sleep=lambda _: None)
 
 
+NOW = datetime(2026, 3, 1, 12, 30, 45, 123456, tzinfo=timezone.utc)
+STAMPED = "semif-ep-20260301-123045-123"  # the model and config a deploy at NOW makes
+
+
 def deployment(**changes: Any) -> endpoint.Deployment:
     base = {
         "name": "semif-ep",
@@ -276,10 +282,24 @@ def test_deploy_invoke_delete() -> None:
     sm = boto3.client("sagemaker", region_name=REGION)
     runtime = boto3.client("sagemaker-runtime", region_name=REGION)
     calls = Calls(sm)
-    desc = endpoint.deploy(sm, deployment())
+    desc = endpoint.deploy(sm, deployment(), now=NOW)
     assert desc["EndpointStatus"] == "InService"
-    assert calls.names()[:3] == ["CreateModel", "CreateEndpointConfig", "CreateEndpoint"]
+    assert calls.names()[:4] == [
+        "DescribeEndpoint",  # none yet: create it
+        "CreateModel",
+        "CreateEndpointConfig",
+        "CreateEndpoint",
+    ]
+    # Model and config carry a stamp, so that the next deploy can make new ones.
+    assert desc["ModelName"] == desc["EndpointConfigName"] == STAMPED
+    assert calls.params("CreateEndpoint") == {
+        "EndpointName": "semif-ep",
+        "EndpointConfigName": STAMPED,
+    }
     model = calls.params("CreateModel")
+    assert model["ModelName"] == STAMPED
+    assert model["PrimaryContainer"]["ModelDataUrl"] == "s3://models/semif/model.tar.gz"
+    assert "ModelDataSource" not in model["PrimaryContainer"]
     assert model["EnableNetworkIsolation"] is True
     assert model["PrimaryContainer"]["Environment"] == {
         "SM_LLAMA_CPP_MODEL_DIR": "/opt/ml/model",
@@ -290,9 +310,16 @@ def test_deploy_invoke_delete() -> None:
     assert variant["ContainerStartupHealthCheckTimeoutInSeconds"] >= 600
     assert variant["ModelDataDownloadTimeoutInSeconds"] >= 600
     assert variant["InstanceType"] == "ml.c5.xlarge"
+    assert variant["ModelName"] == STAMPED
     _, body = endpoint.invoke(runtime, "semif-ep", b'{"decision": {}}')
     assert body  # moto answers with canned data; the call shape is what is tested here
-    assert endpoint.delete(sm, "semif-ep") == ["endpoint", "endpoint config", "model"]
+    assert endpoint.delete(sm, "semif-ep") == [
+        "endpoint semif-ep",
+        f"endpoint config {STAMPED}",
+        f"model {STAMPED}",
+    ]
+    assert sm.list_models()["Models"] == []
+    assert sm.list_endpoint_configs()["EndpointConfigs"] == []
     with pytest.raises(DeployError, match="nothing named 'semif-ep'"):
         endpoint.delete(sm, "semif-ep")
 
@@ -334,11 +361,13 @@ def test_deploy_command_needs_a_role(
 ) -> None:
     monkeypatch.delenv("SEMIF_SAGEMAKER_ROLE", raising=False)
     args = ["deploy", "--image", deployment().image, "--model-data", "s3://m/model.tar.gz"]
-    assert main(args) == 1
+    assert main(args) == 2  # a usage error: refused before any AWS call
     assert "--role or set SEMIF_SAGEMAKER_ROLE" in capsys.readouterr().err
-    assert main([*args, "--role", ROLE, "--env", "BROKEN"]) == 1
+    assert main([*args, "--role", ROLE, "--env", "BROKEN"]) == 2
     assert "KEY=VALUE" in capsys.readouterr().err
     assert endpoint.Deployment("n", "i", "m", ROLE).instance_type == "ml.c6i.xlarge"
     args += ["--instance-type", "ml.c5.xlarge"]
     assert main([*args, "--role", ROLE, "--gpu-layers", "10"]) == 0
-    assert capsys.readouterr().out.strip() == "semif-proxy InService"
+    first, names = capsys.readouterr().out.splitlines()
+    assert first == "semif-proxy InService"
+    assert re.fullmatch(r"endpoint config (semif-proxy-\d{8}-\d{6}-\d{3}), model \1", names), names

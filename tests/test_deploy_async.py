@@ -126,9 +126,10 @@ def test_invoke_command_refuses_flags(
     request = tmp_path / "request.json"
     request.write_bytes(BODY)
     args = ["invoke", "--endpoint", "semif-ep", "--body", str(request)]
-    assert main([*args, "--async"]) == 1
+    # Usage errors, refused before any AWS call: exit 2.
+    assert main([*args, "--async"]) == 2
     assert "--async needs --input-location" in capsys.readouterr().err
-    assert main([*args, "--input-location", "s3://r/in/"]) == 1
+    assert main([*args, "--input-location", "s3://r/in/"]) == 2
     assert "--input-location is for --async" in capsys.readouterr().err
-    assert main(["invoke", "--endpoint", "e", "--body", str(tmp_path / "none.json")]) == 1
+    assert main(["invoke", "--endpoint", "e", "--body", str(tmp_path / "none.json")]) == 2
     assert "--body: cannot read" in capsys.readouterr().err

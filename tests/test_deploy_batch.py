@@ -68,7 +68,9 @@ def test_batch_creates_the_model_then_the_job() -> None:
     sm2 = boto3.client("sagemaker", region_name="us-west-2")
     deploy_calls = Calls(sm2)
     endpoint.deploy(sm2, d)
-    assert created == deploy_calls.params("CreateModel")
+    deployed = deploy_calls.params("CreateModel")
+    assert deployed["ModelName"].startswith("semif-ep-")  # deploy stamps its model's name
+    assert {**created, "ModelName": ""} == {**deployed, "ModelName": ""}
     assert created["EnableNetworkIsolation"] is True
     stored = sm.describe_transform_job(TransformJobName=job)
     assert stored["TransformInput"]["ContentType"] == "application/jsonlines"
@@ -76,9 +78,15 @@ def test_batch_creates_the_model_then_the_job() -> None:
 
 def test_batch_reuses_an_existing_model() -> None:
     sm = boto3.client("sagemaker", region_name=REGION)
-    endpoint.deploy(sm, deployment())
+    deployed = endpoint.deploy(sm, deployment())["ModelName"]
     calls = Calls(sm)
-    t = transform(max_concurrent=4, max_payload_mb=25, instance_count=2, multi_record=True)
+    t = transform(
+        model_name=deployed,
+        max_concurrent=4,
+        max_payload_mb=25,
+        instance_count=2,
+        multi_record=True,
+    )
     _, status = batch.run(sm, t, None, wait=None, now=NOW)
     assert status == "InProgress"
     assert calls.names() == ["DescribeModel", "CreateTransformJob"]
@@ -195,7 +203,11 @@ def test_batch_command_refuses_half_a_model(
     monkeypatch.setattr("semif_proxy.deploy.cli._client", no_client)
     monkeypatch.delenv("SEMIF_SAGEMAKER_ROLE", raising=False)
     args = ["batch", "--input", "s3://d/in/", "--output", "s3://d/out/", "--model-name", "m"]
-    assert main([*args, "--image", deployment().image]) == 1
+    assert main([*args, "--image", deployment().image]) == 2
     assert "creating the model needs --model-data too" in capsys.readouterr().err
-    assert main([*args, "--image", deployment().image, "--model-data", "s3://m/x.tar.gz"]) == 1
+    assert main([*args, "--image", deployment().image, "--model-data", "s3://m/x.tar.gz"]) == 2
     assert "--role or set SEMIF_SAGEMAKER_ROLE" in capsys.readouterr().err
+    # An arm64 host cannot run the amd64 image: one line, exit 2, no client made.
+    assert main([*args, "--instance-type", "ml.m7g.xlarge"]) == 2
+    [line] = capsys.readouterr().err.splitlines()
+    assert line.startswith("semif-proxy batch: --instance-type ml.m7g.xlarge is AWS Graviton")

@@ -36,7 +36,12 @@ def test_realtime_autoscaling_parameters() -> None:
     desc = endpoint.deploy(
         sm, deployment(scaling=Scaling(1, 4, target_invocations=79)), autoscaling=aas, cloudwatch=cw
     )
-    assert calls.names()[:3] == ["CreateModel", "CreateEndpointConfig", "CreateEndpoint"]
+    assert calls.names()[:4] == [
+        "DescribeEndpoint",
+        "CreateModel",
+        "CreateEndpointConfig",
+        "CreateEndpoint",
+    ]  # a new endpoint: nothing of autoscaling to remove first
     # Registered only once the endpoint is in service.
     assert calls.names()[-3:] == ["DescribeEndpoint", "RegisterScalableTarget", "PutScalingPolicy"]
     assert calls.params("RegisterScalableTarget") == {**TARGET, "MinCapacity": 1, "MaxCapacity": 4}
@@ -81,7 +86,7 @@ def test_fixed_size_needs_no_policy() -> None:
 def test_async_endpoint_config() -> None:
     sm, _, _, calls = clients()
     out = AsyncOutput("s3://results/async-out/", "s3://results/async-fail/", 4)
-    endpoint.deploy(sm, deployment(async_output=out))
+    config_name = endpoint.deploy(sm, deployment(async_output=out))["EndpointConfigName"]
     assert calls.params("CreateEndpointConfig")["AsyncInferenceConfig"] == {
         "OutputConfig": {
             "S3OutputPath": "s3://results/async-out/",
@@ -89,7 +94,7 @@ def test_async_endpoint_config() -> None:
         },
         "ClientConfig": {"MaxConcurrentInvocationsPerInstance": 4},
     }
-    stored = sm.describe_endpoint_config(EndpointConfigName="semif-ep")["AsyncInferenceConfig"]
+    stored = sm.describe_endpoint_config(EndpointConfigName=config_name)["AsyncInferenceConfig"]
     assert stored["OutputConfig"]["S3OutputPath"] == "s3://results/async-out/"
 
 
@@ -168,9 +173,9 @@ def test_async_scale_to_zero() -> None:
 
     # delete takes all of it away again.
     assert endpoint.delete(sm, "semif-ep", aas, cw) == [
-        "endpoint",
-        "endpoint config",
-        "model",
+        "endpoint semif-ep",
+        f"endpoint config {desc['EndpointConfigName']}",
+        f"model {desc['ModelName']}",
         "scalable target",
         "alarm",
     ]
@@ -256,7 +261,7 @@ DEPLOY += ["--role", ROLE, "--instance-type", "ml.c5.xlarge", "--name", "semif-e
 def test_deploy_command_refuses_flags(
     flags: list[str], message: str, capsys: pytest.CaptureFixture[str], no_aws: None
 ) -> None:
-    assert main([*DEPLOY, *flags]) == 1
+    assert main([*DEPLOY, *flags]) == 2  # a usage error: refused before any AWS call
     assert message in capsys.readouterr().err
 
 
@@ -264,8 +269,11 @@ def test_deploy_command_async_scale_to_zero(capsys: pytest.CaptureFixture[str]) 
     flags = ["--async", "--output", "s3://r/out/", "--failure-output", "s3://r/fail/"]
     flags += ["--min-instances", "0", "--max-instances", "2", "--target-backlog", "5"]
     assert main([*DEPLOY, *flags]) == 0
-    assert capsys.readouterr().out.splitlines() == [
+    out = capsys.readouterr().out.splitlines()
+    version = out[1].rpartition(" model ")[2]
+    assert out == [
         "semif-ep InService",
+        f"endpoint config {version}, model {version}",
         "autoscaling: 0-2 instances, target 5 backlog per instance, "
         "scale from zero on alarm 'semif-ep-semif-scale-from-zero'",
     ]
@@ -274,5 +282,6 @@ def test_deploy_command_async_scale_to_zero(capsys: pytest.CaptureFixture[str]) 
     assert (target["MinCapacity"], target["MaxCapacity"]) == (0, 2)
     assert main(["delete", "--endpoint", "semif-ep"]) == 0
     assert capsys.readouterr().out.strip() == (
-        "deleted endpoint, endpoint config, model, scalable target, alarm"
+        f"deleted endpoint semif-ep, endpoint config {version}, model {version}, "
+        "scalable target, alarm"
     )

@@ -18,7 +18,7 @@ from botocore.stub import Stubber
 
 from semif_proxy import cli
 from semif_proxy.eval import report as eval_report
-from semif_proxy.eval.runner import CONFUSION_LABELS, OTHER, Progress, evaluate, read_rows
+from semif_proxy.eval.runner import CONFUSION_LABELS, OTHER, evaluate, read_rows
 from semif_proxy.eval.targets import (
     Answer,
     Failure,
@@ -383,7 +383,10 @@ def test_sagemaker_target_sends_the_body_to_invoke_endpoint(base_server, tmp_pat
     target = SageMakerTarget("sagemaker:my-endpoint", "my-endpoint", client)
     url = UrlTarget(base_server.url, base_server.url)
     with stub:
-        results = evaluate(rows_file, [target, url], progress=False)
+        try:
+            results = evaluate(rows_file, [target, url], progress=False)
+        finally:
+            url.close()  # its kept-alive connection
         failed = target.ask(rows[0].route, rows[0].body)
         stub.assert_no_pending_responses()
     for r in results["results"]:
@@ -414,15 +417,15 @@ def test_local_target_failure_is_an_answer_not_a_crash(tmp_path):
     assert not isinstance(out, Answer)
 
 
-def test_progress_bar_off_a_terminal_writes_a_line_per_tenth():
-    """The first step (the run has started), then one line per tenth."""
-    stream = io.StringIO()
-    bar = Progress(100, stream)
-    for i in range(100):
-        bar.step(f"row {i}")
-    lines = stream.getvalue().splitlines()
-    assert len(lines) == 11 and "\r" not in stream.getvalue()
-    assert [line.split()[2] for line in lines] == ["1/100"] + [
-        f"{10 * i}/100" for i in range(1, 11)
-    ]
-    assert "100/100" in lines[-1] and "#" * 30 in lines[-1]
+def test_each_answer_is_in_the_rows_file_as_the_results_give_it(run):
+    """Every (row, target) answer was appended to <out>.rows.jsonl, once, as the results list it."""
+    results = run["results"]
+    rows_file = Path(results["run"]["rows_log"])
+    records = [json.loads(line) for line in rows_file.read_text().splitlines()]
+    assert len(records) == results["rows"] * len(run["targets"])
+    by_key = {(r["line"], r["target"]): r for r in records}
+    assert len(by_key) == len(records)
+    for r in results["results"]:
+        for name, answer in r["answers"].items():
+            assert by_key[(r["line"], name)]["answer"] == answer
+            assert answer["tries"] == 1

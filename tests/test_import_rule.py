@@ -12,15 +12,16 @@ PACKAGE = Path(__file__).resolve().parent.parent / "semif_proxy"
 GROUND = {"errors", "logs", "redact", "readout", "jsonl_files", "progress"}
 COMMANDS = {"cli", "entrypoint"}
 LOWER = {"cpu", "calibration", "model", "llama_server"}
-# room -> rooms (first component under semif_proxy, or a third-party top-level name) it must
-# never import.
+# room -> what it must never import: rooms of the package as "semif_proxy.<room>", other
+# packages by their top-level name ("aiohttp"; the standard library's own `http` is not ours).
+_NEVER_ABOVE = {f"semif_proxy.{room}" for room in ("http", "eval", "deploy", "testing", *COMMANDS)}
 FORBIDDEN: dict[str, set[str]] = {
-    "engine": {"http", "api", "eval", "deploy", "testing", "aiohttp", "pydantic", *COMMANDS},
-    "api": {"http", "eval", "deploy", "testing", "aiohttp", *COMMANDS},
-    **{room: {"http", "api", "eval", "deploy", "testing", *COMMANDS} for room in LOWER},
-    "eval": {"http", "testing"},
-    "deploy": {"http", "testing"},
-    "http": {"testing"},
+    "engine": {*_NEVER_ABOVE, "semif_proxy.api", "aiohttp", "pydantic"},
+    "api": {*_NEVER_ABOVE, "aiohttp"},
+    **{room: {*_NEVER_ABOVE, "semif_proxy.api"} for room in LOWER},
+    "eval": {"semif_proxy.http", "semif_proxy.testing"},
+    "deploy": {"semif_proxy.http", "semif_proxy.testing"},
+    "http": {"semif_proxy.testing"},
 }
 
 
@@ -30,8 +31,8 @@ def room_of(path: Path) -> str:
 
 
 def imported(path: Path) -> list[tuple[int, str]]:
-    """(line, target): a module of the package as its first component under semif_proxy
-    ('engine', 'errors', ...), or a third-party package's top-level name."""
+    """(line, target): a module of the package as "semif_proxy.<first component>"
+    ("semif_proxy.engine", "semif_proxy.errors", ...), any other as its top-level name."""
     tree = ast.parse(path.read_text(), filename=str(path))
     package_parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
     found: list[tuple[int, str]] = []
@@ -47,7 +48,7 @@ def imported(path: Path) -> list[tuple[int, str]]:
                 module = node.module or ""
             if module == "semif_proxy":
                 for alias in node.names:
-                    found.append((node.lineno, alias.name))
+                    found.append((node.lineno, f"semif_proxy.{alias.name}"))
             else:
                 found.append((node.lineno, target(module)))
     return found
@@ -56,7 +57,7 @@ def imported(path: Path) -> list[tuple[int, str]]:
 def target(module: str) -> str:
     parts = module.split(".")
     if parts[0] == "semif_proxy":
-        return parts[1] if len(parts) > 1 else "semif_proxy"
+        return ".".join(parts[:2])
     return parts[0]
 
 
@@ -67,12 +68,16 @@ def violations(path: Path) -> list[str]:
     room = room_of(path)
     bad = []
     for line, name in imported(path):
+        where = path.relative_to(PACKAGE.parent)
         if room in GROUND:
-            internal = (PACKAGE / f"{name}.py").exists() or (PACKAGE / name).is_dir()
-            if internal and name not in GROUND and name != "__version__":
-                bad.append(f"{path.relative_to(PACKAGE.parent)}:{line} ground imports {name}")
-        elif name in FORBIDDEN.get(room, set()) and name != room:
-            bad.append(f"{path.relative_to(PACKAGE.parent)}:{line} {room}/ imports {name}")
+            own = name.removeprefix("semif_proxy.")
+            internal = name.startswith("semif_proxy.") and (
+                (PACKAGE / f"{own}.py").exists() or (PACKAGE / own).is_dir()
+            )
+            if internal and own not in GROUND:
+                bad.append(f"{where}:{line} ground imports {own}")
+        elif name in FORBIDDEN.get(room, set()) and name != f"semif_proxy.{room}":
+            bad.append(f"{where}:{line} {room}/ imports {name.removeprefix('semif_proxy.')}")
     return bad
 
 
@@ -94,6 +99,7 @@ def test_the_rule_catches_a_forbidden_arrow(tmp_path, monkeypatch):
     (fake / "api" / "svc.py").write_text("def f():\n    from aiohttp import web\n")
     (fake / "errors.py").write_text("from semif_proxy import engine\n")
     (fake / "http" / "app.py").write_text("from semif_proxy.api import svc\n")
+    (fake / "api" / "client.py").write_text("import http.client\nfrom http import HTTPStatus\n")
     monkeypatch.setattr(f"{__name__}.PACKAGE", fake)
     assert violations(fake / "engine" / "worker.py") == [
         "semif_proxy/engine/worker.py:3 engine/ imports http"
@@ -101,6 +107,8 @@ def test_the_rule_catches_a_forbidden_arrow(tmp_path, monkeypatch):
     assert violations(fake / "api" / "svc.py") == ["semif_proxy/api/svc.py:2 api/ imports aiohttp"]
     assert violations(fake / "errors.py") == ["semif_proxy/errors.py:1 ground imports engine"]
     assert violations(fake / "http" / "app.py") == []
+    # The standard library's http is not the package's HTTP layer.
+    assert violations(fake / "api" / "client.py") == []
 
 
 def test_the_package_is_in_rooms():

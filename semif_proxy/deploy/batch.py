@@ -9,11 +9,17 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from semif_proxy import progress
 from semif_proxy.deploy import instances, model, names, s3uri
-from semif_proxy.deploy.errors import DeployError, aws_errors, poll
+from semif_proxy.deploy.errors import DeployError, UsageError, aws_errors, poll
 
 MAX_PAYLOAD_MB = 100  # SageMaker's limit, also for MaxConcurrentTransforms x MaxPayloadInMB
 JSON_LINES = "application/jsonlines"
+# CreateTransformJob refuses a model whose container uses ModelDataSource.
+UNCOMPRESSED = (
+    "Batch Transform does not take uncompressed model data (ModelDataSource): package the "
+    "model as model.tar.gz (package-model without --uncompressed) for batch"
+)
 
 
 @dataclass(frozen=True)
@@ -37,7 +43,7 @@ def check(t: Transform) -> None:
     s3uri.parse(t.output, "--output")
     if instances.is_gpu(t.instance_type):
         # TransformResources.TransformAmiVersion offers NVIDIA drivers 470 and 535 only.
-        raise DeployError(
+        raise UsageError(
             f"--instance-type {t.instance_type}: Batch Transform GPU hosts run NVIDIA driver "
             "535 at most and the GPU image needs 580 (CUDA 13); batch on a CPU instance, or "
             "deploy --async --gpu"
@@ -90,10 +96,13 @@ def wait_job(
     interval: float = 30,
     sleep: Callable[[float], None] = time.sleep,
 ) -> dict[str, Any]:
+    status_line = progress.Status(f"transform job {job}")
+
     def step() -> tuple[bool, Any]:
         with aws_errors(f"describe transform job {job!r}"):
             desc = sagemaker.describe_transform_job(TransformJobName=job)
         status = desc["TransformJobStatus"]
+        status_line.update(status)
         if status in ("Failed", "Stopped", "Stopping"):
             reason = desc.get("FailureReason") or "no reason given"
             raise DeployError(
@@ -118,7 +127,12 @@ def run(
         if create_with.name != t.model_name:
             raise DeployError("the model to create must be named --model-name")
         model.check(create_with, "--model-name")
-    if not model.exists(sagemaker, t.model_name):
+        if model.uncompressed(create_with.model_data):
+            raise UsageError(UNCOMPRESSED)
+    found = model.describe(sagemaker, t.model_name)
+    if found is not None and "ModelDataSource" in found.get("PrimaryContainer", {}):
+        raise DeployError(f"SageMaker model {t.model_name!r}: {UNCOMPRESSED}")
+    if found is None:
         if create_with is None:
             raise DeployError(
                 f"SageMaker model {t.model_name!r} does not exist: give --image, --model-data "
@@ -128,6 +142,10 @@ def run(
     job = names.job_name(t.model_name, now)
     with aws_errors(f"create transform job {job!r}"):
         sagemaker.create_transform_job(**job_request(t, job))
+    progress.note(
+        f"transform job {job}: started on model {t.model_name} (logs: CloudWatch "
+        f"/aws/sagemaker/TransformJobs, streams {job}/...)"
+    )
     if wait is None:
         return job, "InProgress"
     return job, wait(sagemaker, job)["TransformJobStatus"]

@@ -1,4 +1,6 @@
-"""The deploy subcommands of `semif-proxy`: argument parsing and printing only."""
+"""The deploy subcommands of `semif-proxy`: argument parsing and printing only. What is refused
+before any AWS call (a flag missing or out of place, a file that cannot be read) is a usage
+error: one line, exit 2; what AWS refuses or fails exits 1."""
 
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from semif_proxy.deploy.errors import DeployError
+from semif_proxy.deploy.errors import DeployError, UsageError
 
 
 def _client(service: str, region: str | None) -> Any:
@@ -24,7 +26,7 @@ def _client(service: str, region: str | None) -> Any:
 def _role(given: str | None, env: str) -> str:
     role = given or os.environ.get(env)
     if not role:
-        raise DeployError(f"give --role or set {env} (an IAM role ARN)")
+        raise UsageError(f"give --role or set {env} (an IAM role ARN)")
     return role
 
 
@@ -33,7 +35,7 @@ def _env_pairs(pairs: list[str]) -> dict[str, str]:
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep or not key:
-            raise DeployError(f"--env takes KEY=VALUE, got {pair!r}")
+            raise UsageError(f"--env takes KEY=VALUE, got {pair!r}")
         out[key] = value
     return out
 
@@ -42,7 +44,13 @@ def package_model(args: argparse.Namespace) -> str:
     from semif_proxy.deploy.package import package_model as run
 
     with tempfile.TemporaryDirectory() as work:
-        return run(_client("s3", args.region), Path(args.gguf), args.s3, Path(work))
+        return run(
+            _client("s3", args.region),
+            Path(args.gguf),
+            args.s3,
+            Path(work),
+            uncompressed=args.uncompressed,
+        )
 
 
 def build_image(args: argparse.Namespace) -> str:
@@ -77,10 +85,10 @@ def _scaling(args: argparse.Namespace) -> Any:
     given = (args.min_instances, args.max_instances, args.target_invocations, args.target_backlog)
     if all(v is None for v in given):
         if args.scale_in_cooldown is not None or args.scale_out_cooldown is not None:
-            raise DeployError("--scale-in-cooldown/--scale-out-cooldown need --max-instances")
+            raise UsageError("--scale-in-cooldown/--scale-out-cooldown need --max-instances")
         return None
     if args.max_instances is None:
-        raise DeployError("autoscaling needs --max-instances")
+        raise UsageError("autoscaling needs --max-instances")
     cooldowns = {
         name: value
         for name, value in (
@@ -108,10 +116,10 @@ def _async_output(args: argparse.Namespace) -> Any:
             ("--max-concurrent-invocations", args.max_concurrent_invocations),
         ):
             if value is not None:
-                raise DeployError(f"{flag} is for asynchronous endpoints: add --async")
+                raise UsageError(f"{flag} is for asynchronous endpoints: add --async")
         return None
     if args.output is None:
-        raise DeployError("--async needs --output s3://bucket/prefix/ for the results")
+        raise UsageError("--async needs --output s3://bucket/prefix/ for the results")
     return AsyncOutput(args.output, args.failure_output, args.max_concurrent_invocations)
 
 
@@ -132,17 +140,24 @@ def deploy(args: argparse.Namespace) -> str:
         async_output=_async_output(args),
         scaling=_scaling(args),
     )
-    check(d)  # before any client exists
-    scaled = d.scaling is not None
+    try:
+        check(d)  # before any client exists
+    except DeployError as exc:  # what is refused without asking AWS is a usage error
+        raise UsageError(str(exc)) from None
+    # Autoscaling clients always: on an existing endpoint the old settings are removed first.
     desc = run(
         _client("sagemaker", args.region),
         d,
-        autoscaling=_client("application-autoscaling", args.region) if scaled else None,
-        cloudwatch=_client("cloudwatch", args.region) if scaled else None,
+        autoscaling=_client("application-autoscaling", args.region),
+        cloudwatch=_client("cloudwatch", args.region),
     )
-    lines = [f"{desc['EndpointName']} {desc['EndpointStatus']}"]
-    if desc.get("Autoscaling"):
-        lines.append("autoscaling: " + ", ".join(desc["Autoscaling"]))
+    lines = [
+        f"{desc['EndpointName']} {desc['EndpointStatus']}",
+        f"endpoint config {desc['EndpointConfigName']}, model {desc['ModelName']}",
+    ]
+    for key, label in (("Autoscaling", "autoscaling"), ("Removed", "removed"), ("Kept", "kept")):
+        if desc.get(key):
+            lines.append(f"{label}: " + ", ".join(desc[key]))
     return "\n".join(lines)
 
 
@@ -159,7 +174,7 @@ def invoke(args: argparse.Namespace) -> str:
         from semif_proxy.deploy.async_invoke import invoke_async
 
         if not args.input_location:
-            raise DeployError("--async needs --input-location s3://bucket/prefix/ for the body")
+            raise UsageError("--async needs --input-location s3://bucket/prefix/ for the body")
         output, result = invoke_async(
             _client("s3", args.region),
             _client("sagemaker-runtime", args.region),
@@ -171,7 +186,7 @@ def invoke(args: argparse.Namespace) -> str:
         sys.stderr.write(f"result: {output}\n")
         return _pretty(result)
     if args.input_location is not None:
-        raise DeployError("--input-location is for --async invocations")
+        raise UsageError("--input-location is for --async invocations")
     from semif_proxy.deploy.endpoint import invoke as run
 
     _, reply = run(_client("sagemaker-runtime", args.region), args.endpoint, body)
@@ -182,11 +197,11 @@ def _read_body(path: str) -> bytes:
     try:
         return Path(path).read_bytes()
     except OSError as exc:
-        raise DeployError(f"--body: cannot read {path}: {exc.strerror}") from None
+        raise UsageError(f"--body: cannot read {path}: {exc.strerror}") from None
 
 
 def batch(args: argparse.Namespace) -> str:
-    from semif_proxy.deploy.batch import Transform, run, wait_job
+    from semif_proxy.deploy.batch import Transform, check, run, wait_job
     from semif_proxy.deploy.model import Model
 
     t = Transform(
@@ -199,12 +214,16 @@ def batch(args: argparse.Namespace) -> str:
         max_concurrent=args.max_concurrent_transforms,
         multi_record=args.multi_record,
     )
+    try:
+        check(t)  # before any client exists
+    except DeployError as exc:  # what is refused without asking AWS is a usage error
+        raise UsageError(str(exc)) from None
     create_with = None
     if args.image is not None or args.model_data is not None:
         pairs = (("--image", args.image), ("--model-data", args.model_data))
         missing = [flag for flag, value in pairs if not value]
         if missing:
-            raise DeployError(f"creating the model needs {' and '.join(missing)} too")
+            raise UsageError(f"creating the model needs {' and '.join(missing)} too")
         create_with = Model(
             args.model_name,
             args.image,
@@ -239,77 +258,143 @@ def add_commands(sub: Any) -> None:
         return p
 
     p = command("package-model", package_model, "model.tar.gz (GGUF + manifest) to S3")
-    p.add_argument("--gguf", required=True)
-    p.add_argument("--s3", required=True, help="s3://bucket/prefix/")
+    p.add_argument("--gguf", required=True, help="the GGUF model file to package")
+    p.add_argument("--s3", required=True, help="s3://bucket/prefix/ to upload model.tar.gz to")
+    p.add_argument(
+        "--uncompressed",
+        action="store_true",
+        help="upload the GGUF as is, with its manifest, under a prefix that holds nothing else, "
+        "and print that prefix for deploy --model-data: no compressing or unpacking, for large "
+        "models; endpoints only, not batch (default: off, a model.tar.gz)",
+    )
     p = command("build-image", build_image, "build and push the image with CodeBuild")
     p.add_argument("--repository", required=True, help="ECR repository name")
     p.add_argument("--base-image", required=True, help="DLC image pinned by digest")
     p.add_argument("--source", required=True, help="s3://bucket/prefix/ for the source zip")
-    p.add_argument("--project", default="semif-proxy-image")
-    p.add_argument("--tag", default="latest")
+    p.add_argument("--project", default="semif-proxy-image", help="CodeBuild project name")
+    p.add_argument("--tag", default="latest", help="image tag pushed to the repository")
     p.add_argument("--gpu", action="store_true", help="use container/Dockerfile.gpu")
     p.add_argument(
         "--llama-cpp-ref",
         help="b<build> or commit the base must run (the build fails otherwise); "
         "default: the base's own, read from its llama-server",
     )
-    p.add_argument("--role", help="CodeBuild service role ARN (or SEMIF_CODEBUILD_ROLE)")
+    p.add_argument("--role", help="CodeBuild service role ARN (default: SEMIF_CODEBUILD_ROLE)")
     p.add_argument("--root", default=".", help="repository root")
     p = command("deploy", deploy, "SageMaker model, endpoint config and endpoint")
     p.add_argument("--image", required=True, help="image URI pinned by digest")
     p.add_argument("--model-data", required=True, help="s3://.../model.tar.gz")
-    p.add_argument("--name", default="semif-proxy")
-    p.add_argument("--instance-type", default="ml.c6i.xlarge")
-    p.add_argument("--gpu-layers", type=int, help="layers to offload (--gpu: default all)")
-    p.add_argument("--env", action="append", default=[], metavar="K=V")
-    p.add_argument("--role", help="SageMaker execution role ARN (or SEMIF_SAGEMAKER_ROLE)")
+    p.add_argument("--name", default="semif-proxy", help="endpoint name")
+    p.add_argument("--instance-type", default="ml.c6i.xlarge", help="SageMaker instance type")
+    p.add_argument(
+        "--gpu-layers", type=int, help="layers to offload (default: all with --gpu, else none)"
+    )
+    p.add_argument(
+        "--env",
+        action="append",
+        default=[],
+        metavar="K=V",
+        help="a setting for the container (SEMIF_*, SM_LLAMA_CPP_*); repeat for more "
+        "(default: none)",
+    )
+    p.add_argument("--role", help="SageMaker execution role ARN (default: SEMIF_SAGEMAKER_ROLE)")
     p.add_argument("--gpu", action="store_true", help="GPU instance + image built with --gpu")
     p.add_argument("--inference-ami", help="InferenceAmiVersion on GPUs (default: the CUDA 13 one)")
     p.add_argument("--async", dest="asynchronous", action="store_true", help="async endpoint")
-    p.add_argument("--output", help="--async: s3://bucket/prefix/ for results")
-    p.add_argument("--failure-output", help="--async: s3://bucket/prefix/ for failures")
-    p.add_argument("--max-concurrent-invocations", type=int, help="--async: per instance")
-    p.add_argument("--min-instances", type=int, help="autoscaling floor (default 1; async: 0 ok)")
-    p.add_argument("--max-instances", type=int, help="autoscaling ceiling (turns it on)")
     p.add_argument(
-        "--target-invocations", type=float, help="requests per instance per minute to hold"
+        "--output",
+        help="--async: s3://bucket/prefix/ for results (default: none; --async needs it)",
     )
-    p.add_argument("--target-backlog", type=float, help="--async: queued requests per instance")
+    p.add_argument(
+        "--failure-output", help="--async: s3://bucket/prefix/ for failures (default: none)"
+    )
+    p.add_argument(
+        "--max-concurrent-invocations",
+        type=int,
+        help="--async: per instance (default: SageMaker's)",
+    )
+    p.add_argument("--min-instances", type=int, help="autoscaling floor (default 1; async: 0 ok)")
+    p.add_argument(
+        "--max-instances", type=int, help="autoscaling ceiling (turns it on; default: off)"
+    )
+    p.add_argument(
+        "--target-invocations",
+        type=float,
+        help="requests per instance per minute to hold (default: none)",
+    )
+    p.add_argument(
+        "--target-backlog",
+        type=float,
+        help="--async: queued requests per instance to hold (default: none)",
+    )
     p.add_argument("--scale-in-cooldown", type=int, help="seconds (default 300)")
     p.add_argument("--scale-out-cooldown", type=int, help="seconds (default 60)")
     p = command("invoke", invoke, "POST a JSON body to an endpoint's /invocations")
-    p.add_argument("--endpoint", required=True)
-    p.add_argument("--body", required=True, help="JSON file")
+    p.add_argument("--endpoint", required=True, help="endpoint name")
+    p.add_argument("--body", required=True, help="JSON file to send")
     p.add_argument("--async", dest="asynchronous", action="store_true", help="async endpoint")
-    p.add_argument("--input-location", help="--async: s3://bucket/prefix/ to upload the body to")
+    p.add_argument(
+        "--input-location",
+        help="--async: s3://bucket/prefix/ to upload the body to (default: none; --async needs it)",
+    )
     p.add_argument("--timeout", type=float, default=1800, help="--async: seconds to wait")
     p = command("batch", batch, "Batch Transform over JSON Lines in S3")
     p.add_argument("--input", required=True, help="s3://bucket/prefix/ of .jsonl objects")
     p.add_argument("--output", required=True, help="s3://bucket/prefix/ for the results")
     p.add_argument("--model-name", required=True, help="SageMaker model (created if missing)")
-    p.add_argument("--image", help="to create the model: image URI pinned by digest")
-    p.add_argument("--model-data", help="to create the model: s3://.../model.tar.gz")
-    p.add_argument("--role", help="to create the model (or SEMIF_SAGEMAKER_ROLE)")
-    p.add_argument("--env", action="append", default=[], metavar="K=V")
-    p.add_argument("--instance-type", default="ml.c6i.xlarge")
-    p.add_argument("--instance-count", type=int, default=1)
-    p.add_argument("--max-payload-mb", type=int, default=6)
-    p.add_argument("--max-concurrent-transforms", type=int, default=0, help="0: the container says")
+    p.add_argument(
+        "--image",
+        help="to create the model: image URI pinned by digest (default: the model exists)",
+    )
+    p.add_argument(
+        "--model-data",
+        help="to create the model: s3://.../model.tar.gz (default: the model exists)",
+    )
+    p.add_argument(
+        "--role", help="to create the model: execution role ARN (default: SEMIF_SAGEMAKER_ROLE)"
+    )
+    p.add_argument(
+        "--env",
+        action="append",
+        default=[],
+        metavar="K=V",
+        help="to create the model: a container setting; repeat for more (default: none)",
+    )
+    p.add_argument("--instance-type", default="ml.c6i.xlarge", help="SageMaker instance type")
+    p.add_argument("--instance-count", type=int, default=1, help="instances the job runs on")
+    p.add_argument(
+        "--max-payload-mb", type=int, default=6, help="MaxPayloadInMB: the largest call, in MB"
+    )
+    p.add_argument(
+        "--max-concurrent-transforms",
+        type=int,
+        default=0,
+        help="calls at once per instance (0: what the container's /execution-parameters says)",
+    )
     p.add_argument(
         "--multi-record",
         action="store_true",
         help="many lines per call, up to --max-payload-mb (default one line per call): size "
         "inputs so that each call finishes within SEMIF_REQUEST_TIMEOUT",
     )
-    p.add_argument("--wait", action=argparse.BooleanOptionalAction, default=True)
+    p.add_argument(
+        "--wait",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="wait for the job to end",
+    )
     p.add_argument("--timeout", type=float, default=86400, help="seconds to wait")
     p = command("delete", delete, "delete the endpoint, its config, model and autoscaling")
-    p.add_argument("--endpoint", required=True)
+    p.add_argument("--endpoint", required=True, help="endpoint name")
 
 
 def _run(fn: Any, args: argparse.Namespace) -> int:
     try:
         out = fn(args)
+    except UsageError as exc:
+        one_line = " ".join(str(exc).split())
+        sys.stderr.write(f"semif-proxy {args.command}: {one_line}\n")
+        return 2
     except DeployError as exc:
         sys.stderr.write(f"semif-proxy {args.command}: {exc}\n")
         return 1

@@ -1,15 +1,23 @@
 """`semif-proxy deploy / invoke / delete`: a SageMaker model (network isolation on), endpoint
 config (real-time or async; CPU, or GPU on the CUDA 13 AMI) and endpoint for a digest-pinned
-image, then its autoscaling."""
+image, then its autoscaling.
+
+Every deploy makes a new model and endpoint config, both named <endpoint>-<UTC time to the ms>.
+The first creates the endpoint; a later one updates it in place (UpdateEndpoint: SageMaker
+starts the new fleet, moves the traffic, then stops the old one), waits for InService on the new
+config, and then deletes the config the endpoint had before and that config's model (unless an
+endpoint config named like the endpoint still uses it)."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
-from semif_proxy.deploy import async_config, instances, model, scaling
+from semif_proxy import progress
+from semif_proxy.deploy import async_config, instances, model, names, scaling
 from semif_proxy.deploy.async_config import AsyncOutput
 from semif_proxy.deploy.errors import DeployError, aws_errors, poll
 from semif_proxy.deploy.names import VARIANT
@@ -37,12 +45,13 @@ class Deployment:
     async_output: AsyncOutput | None = None  # set: an asynchronous endpoint
     scaling: Scaling | None = None
 
-    def as_model(self) -> model.Model:
+    def as_model(self, name: str | None = None) -> model.Model:
+        """The model to run, named `name` (deploy: its stamped name; default: the endpoint's)."""
         layers = self.gpu_layers
         if layers is None and self.gpu:
             layers = ALL_LAYERS
         return model.Model(
-            self.name, self.image, self.model_data, self.role_arn, layers, dict(self.env)
+            name or self.name, self.image, self.model_data, self.role_arn, layers, dict(self.env)
         )
 
 
@@ -67,10 +76,10 @@ def initial_count(d: Deployment) -> int:
     return max(1, d.scaling.min_instances) if d.scaling else d.instance_count
 
 
-def variant(d: Deployment) -> dict[str, Any]:
+def variant(d: Deployment, model_name: str) -> dict[str, Any]:
     out: dict[str, Any] = {
         "VariantName": VARIANT,
-        "ModelName": d.name,
+        "ModelName": model_name,
         "InstanceType": d.instance_type,
         "InitialInstanceCount": initial_count(d),
         "ContainerStartupHealthCheckTimeoutInSeconds": d.startup_timeout,
@@ -82,20 +91,162 @@ def variant(d: Deployment) -> dict[str, Any]:
     return out
 
 
-def endpoint_config(d: Deployment) -> dict[str, Any]:
-    out: dict[str, Any] = {"EndpointConfigName": d.name, "ProductionVariants": [variant(d)]}
+def endpoint_config(d: Deployment, version: str) -> dict[str, Any]:
+    """The endpoint config named `version`, running the model of the same name."""
+    out: dict[str, Any] = {
+        "EndpointConfigName": version,
+        "ProductionVariants": [variant(d, version)],
+    }
     if d.async_output is not None:
         out["AsyncInferenceConfig"] = async_config.config(d.async_output)
     return out
 
 
-def create(sagemaker: Any, d: Deployment) -> None:
-    check(d)
-    model.create(sagemaker, d.as_model())
-    with aws_errors(f"create endpoint config {d.name!r}"):
-        sagemaker.create_endpoint_config(**endpoint_config(d))
-    with aws_errors(f"create endpoint {d.name!r}"):
-        sagemaker.create_endpoint(EndpointName=d.name, EndpointConfigName=d.name)
+def _not_found(exc: Any, what: str) -> bool:
+    """SageMaker's answer for a missing resource: ValidationException 'Could not find <what>'."""
+    return f"Could not find {what}" in exc.response.get("Error", {}).get("Message", "")
+
+
+def describe_endpoint(sagemaker: Any, name: str) -> dict[str, Any] | None:
+    """DescribeEndpoint's answer, or None when there is no such endpoint."""
+    from botocore.exceptions import ClientError
+
+    try:
+        return sagemaker.describe_endpoint(EndpointName=name)
+    except ClientError as exc:
+        if _not_found(exc, "endpoint"):
+            return None
+        with aws_errors(f"describe endpoint {name!r}"):
+            raise
+    raise AssertionError("unreachable")
+
+
+def describe_config(sagemaker: Any, name: str) -> dict[str, Any] | None:
+    """DescribeEndpointConfig's answer, or None when there is no such endpoint config."""
+    from botocore.exceptions import ClientError
+
+    try:
+        return sagemaker.describe_endpoint_config(EndpointConfigName=name)
+    except ClientError as exc:
+        if _not_found(exc, "endpoint config"):
+            return None
+        with aws_errors(f"describe endpoint config {name!r}"):
+            raise
+    raise AssertionError("unreachable")
+
+
+def config_models(config: dict[str, Any]) -> list[str]:
+    variants = config.get("ProductionVariants", []) + config.get("ShadowProductionVariants", [])
+    return list(dict.fromkeys(v["ModelName"] for v in variants if v.get("ModelName")))
+
+
+def models_in_use(sagemaker: Any, endpoint_name: str) -> dict[str, str]:
+    """{model: an endpoint config that names it} over the endpoint configs whose names contain
+    the endpoint's (every config deploy made for it; not the whole account, which may hold
+    thousands)."""
+    used: dict[str, str] = {}
+    with aws_errors(f"list endpoint configs named like {endpoint_name!r}"):
+        pages = sagemaker.get_paginator("list_endpoint_configs").paginate(
+            NameContains=endpoint_name
+        )
+        config_names = [c["EndpointConfigName"] for p in pages for c in p["EndpointConfigs"]]
+    for name in config_names:
+        config = describe_config(sagemaker, name)
+        for m in config_models(config or {}):
+            used.setdefault(m, name)
+    return used
+
+
+_DELETE = {
+    "endpoint": ("delete_endpoint", "EndpointName"),
+    "endpoint config": ("delete_endpoint_config", "EndpointConfigName"),
+    "model": ("delete_model", "ModelName"),
+}
+
+
+def delete_one(sagemaker: Any, what: str, name: str) -> bool:
+    """Delete the endpoint, endpoint config or model `name`; False when there is none."""
+    from botocore.exceptions import ClientError
+
+    method, arg = _DELETE[what]
+    try:
+        getattr(sagemaker, method)(**{arg: name})
+    except ClientError as exc:
+        if _not_found(exc, what):
+            return False
+        with aws_errors(f"delete {what} {name!r}"):
+            raise
+    return True
+
+
+# Endpoint states from which no update can start: in progress (wait), or Failed (delete).
+_BUSY = ("Creating", "Updating", "SystemUpdating", "RollingBack", "Deleting")
+_FAILED = ("Failed", "OutOfService", "UpdateRollbackFailed")
+
+
+def require_updatable(current: dict[str, Any]) -> None:
+    name, status = current["EndpointName"], current["EndpointStatus"]
+    if status == "InService":
+        return
+    if status in _BUSY:
+        raise DeployError(f"endpoint {name!r} is {status}: deploy again once it is InService")
+    reason = current.get("FailureReason") or "no reason given"
+    raise DeployError(
+        f"endpoint {name!r} is {status} ({reason}): delete it first (semif-proxy delete "
+        f"--endpoint {name}), then deploy"
+    )
+
+
+def create_version(sagemaker: Any, d: Deployment, version: str) -> None:
+    """The model and endpoint config named `version`; neither is left behind on failure."""
+    model.create(sagemaker, d.as_model(version))
+    try:
+        with aws_errors(f"create endpoint config {version!r}"):
+            sagemaker.create_endpoint_config(**endpoint_config(d, version))
+    except DeployError:
+        discard(sagemaker, version)
+        raise
+
+
+def discard(sagemaker: Any, version: str) -> None:
+    """Best effort: remove a model and endpoint config that no endpoint came to run."""
+    for what in ("endpoint config", "model"):
+        try:
+            delete_one(sagemaker, what, version)
+        except DeployError:
+            pass  # the error being reported matters more; `delete` finds no stamped leftovers
+
+
+def retire(
+    sagemaker: Any, endpoint_name: str, config: str, models: list[str]
+) -> tuple[list[str], list[str]]:
+    """After an update: delete the endpoint config the endpoint ran before, then its models
+    unless an endpoint config named like the endpoint still uses them. (removed, kept with why);
+    a failure here leaves the deploy done, so it is reported, not raised."""
+    removed: list[str] = []
+    kept: list[str] = []
+    try:
+        if delete_one(sagemaker, "endpoint config", config):
+            removed.append(f"endpoint config {config}")
+    except DeployError as exc:
+        kept.append(f"endpoint config {config} ({exc})")
+    if not models:
+        return removed, kept
+    try:
+        in_use = models_in_use(sagemaker, endpoint_name)
+    except DeployError as exc:
+        kept += [f"model {m} (cannot tell whether another config uses it: {exc})" for m in models]
+        return removed, kept
+    for m in models:
+        if m in in_use:
+            kept.append(f"model {m} (endpoint config {in_use[m]} uses it)")
+            continue
+        try:
+            if delete_one(sagemaker, "model", m):
+                removed.append(f"model {m}")
+        except DeployError as exc:
+            kept.append(f"model {m} ({exc})")
+    return removed, kept
 
 
 def wait_in_service(
@@ -105,11 +256,15 @@ def wait_in_service(
     interval: float = 30,
     sleep: Callable[[float], None] = time.sleep,
 ) -> dict[str, Any]:
+    """Poll until InService, writing each change of status with the time elapsed."""
+    status_line = progress.Status(f"endpoint {name}")
+
     def step() -> tuple[bool, Any]:
         with aws_errors(f"describe endpoint {name!r}"):
             desc = sagemaker.describe_endpoint(EndpointName=name)
         status = desc["EndpointStatus"]
-        if status in ("Failed", "OutOfService", "Deleting"):
+        status_line.update(status)
+        if status in (*_FAILED, "Deleting"):
             reason = desc.get("FailureReason", "no reason given")
             raise DeployError(
                 f"endpoint {name!r} is {status}: {reason} (container logs: CloudWatch "
@@ -120,25 +275,92 @@ def wait_in_service(
     return poll(step, f"endpoint {name!r}", timeout, interval, sleep)
 
 
+def _changes_instance_type(old_config: dict[str, Any] | None, d: Deployment) -> bool:
+    if old_config is None:
+        return True
+    return any(v.get("InstanceType") != d.instance_type for v in old_config["ProductionVariants"])
+
+
 def deploy(
     sagemaker: Any,
     d: Deployment,
     wait: Callable[[Any, str], dict[str, Any]] = wait_in_service,
     autoscaling: Any = None,
     cloudwatch: Any = None,
+    now: datetime | None = None,
 ) -> dict[str, Any]:
-    """Model, config, endpoint; wait for InService; then autoscaling if asked (AWS registers a
-    variant only once its endpoint is in service). The description gets "Autoscaling", a list
-    of what was set."""
+    """A new model and endpoint config (named stamped(d.name)), then the endpoint created, or
+    updated in place when it exists; wait for InService on the new config; after an update the
+    old config and model deleted (what cannot be is reported, not raised: the update is done);
+    then autoscaling as the flags say (AWS registers a variant only once its endpoint is in
+    service). The description gets "ModelName" and, where there is something to say,
+    "Autoscaling", "Removed" and "Kept" (lists of lines).
+
+    On an existing endpoint, given the autoscaling and CloudWatch clients, its autoscaling is
+    removed (before the update when the instance type changes, which AWS refuses otherwise) and
+    set again only if d.scaling says so: a deploy's flags are the endpoint's settings."""
     check(d)
     if d.scaling is not None and autoscaling is None:
         raise DeployError("autoscaling needs an application-autoscaling client")
-    create(sagemaker, d)
+    version = names.stamped(d.name, now)
+    current = describe_endpoint(sagemaker, d.name)
+    old_name: str | None = None
+    old_config: dict[str, Any] | None = None
+    if current is not None:
+        require_updatable(current)
+        old_name = current["EndpointConfigName"]
+        old_config = describe_config(sagemaker, old_name)
+    manage_scaling = current is not None and autoscaling is not None and cloudwatch is not None
+    create_version(sagemaker, d, version)
+    unscaled: list[str] = []
+    scaling_removed = False
+    try:
+        if current is None:
+            progress.note(
+                f"endpoint {d.name}: creating on endpoint config {version} (model {version})"
+            )
+            with aws_errors(f"create endpoint {d.name!r}"):
+                sagemaker.create_endpoint(EndpointName=d.name, EndpointConfigName=version)
+        else:
+            if manage_scaling and _changes_instance_type(old_config, d):
+                unscaled = scaling.remove(autoscaling, cloudwatch, d.name)
+                scaling_removed = True
+            progress.note(
+                f"endpoint {d.name}: updating from endpoint config {old_name} to {version} "
+                f"(model {version})"
+            )
+            with aws_errors(f"update endpoint {d.name!r} to endpoint config {version!r}"):
+                sagemaker.update_endpoint(EndpointName=d.name, EndpointConfigName=version)
+    except DeployError:
+        discard(sagemaker, version)
+        raise
     desc = dict(wait(sagemaker, d.name))
+    if desc.get("EndpointConfigName") != version:  # a failed update rolls back to the old one
+        discard(sagemaker, version)
+        lost = "; its autoscaling was removed for the update" if unscaled else ""
+        raise DeployError(
+            f"endpoint {d.name!r} did not take endpoint config {version!r}: "
+            f"{desc.get('FailureReason') or 'no reason given'}; it still runs "
+            f"{desc.get('EndpointConfigName')!r}{lost} (container logs: CloudWatch "
+            f"/aws/sagemaker/Endpoints/{d.name})"
+        )
+    desc["ModelName"] = version
+    if old_name is not None:
+        models = [m for m in config_models(old_config or {}) if m != version]
+        desc["Removed"], desc["Kept"] = retire(sagemaker, d.name, old_name, models)
+    if manage_scaling and not scaling_removed:
+        try:
+            unscaled = scaling.remove(autoscaling, cloudwatch, d.name)
+        except DeployError as exc:
+            if d.scaling is not None:
+                raise
+            desc["Autoscaling"] = [f"left as it was: {exc}"]  # the update itself is done
     if d.scaling is not None:
         desc["Autoscaling"] = scaling.apply(
             autoscaling, cloudwatch, d.name, d.scaling, d.async_output is not None
         )
+    elif unscaled:
+        desc["Autoscaling"] = ["removed (no autoscaling flags given)"]
     return desc
 
 
@@ -151,21 +373,29 @@ def invoke(runtime: Any, name: str, body: bytes) -> tuple[str, bytes]:
 
 
 def delete(sagemaker: Any, name: str, autoscaling: Any = None, cloudwatch: Any = None) -> list[str]:
-    """Endpoint, then its config, then the model, then (given the clients) its autoscaling
-    registration and scale-from-zero alarm; each one that exists."""
+    """The endpoint, the endpoint config it runs, that config's models (unless an endpoint
+    config named like the endpoint still uses them), and a config and model named like the
+    endpoint itself (as deploy named them before it stamped names); then (given the clients) its
+    autoscaling registration and scale-from-zero alarm; each one that exists. What was deleted,
+    as lines."""
+    current = describe_endpoint(sagemaker, name)
+    configs = list(dict.fromkeys([*([current["EndpointConfigName"]] if current else []), name]))
+    models: list[str] = []
+    for config_name in configs:
+        models += config_models(describe_config(sagemaker, config_name) or {})
+    models = list(dict.fromkeys([*models, name]))
     removed = []
-    for what, call, arg in (
-        ("endpoint", sagemaker.delete_endpoint, {"EndpointName": name}),
-        ("endpoint config", sagemaker.delete_endpoint_config, {"EndpointConfigName": name}),
-        ("model", sagemaker.delete_model, {"ModelName": name}),
-    ):
-        try:
-            with aws_errors(f"delete {what} {name!r}"):
-                call(**arg)
-            removed.append(what)
-        except DeployError as exc:
-            if "Could not find" not in str(exc) and "ValidationException" not in str(exc):
-                raise
+    if current is not None and delete_one(sagemaker, "endpoint", name):
+        removed.append(f"endpoint {name}")
+    for config_name in configs:
+        if delete_one(sagemaker, "endpoint config", config_name):
+            removed.append(f"endpoint config {config_name}")
+    in_use = models_in_use(sagemaker, name)
+    for m in models:
+        if m in in_use:
+            removed.append(f"not model {m} (endpoint config {in_use[m]} uses it)")
+        elif delete_one(sagemaker, "model", m):
+            removed.append(f"model {m}")
     if autoscaling is not None and cloudwatch is not None:
         try:
             removed += scaling.remove(autoscaling, cloudwatch, name)

@@ -12,6 +12,12 @@ class DeployError(RuntimeError):
     pass
 
 
+class UsageError(DeployError):
+    """Input refused before any AWS call because no AWS call could make it work (a flag missing
+    or out of place, an instance type the image cannot run on): the command exits 2, like any
+    other usage error."""
+
+
 @contextmanager
 def aws_errors(action: str) -> Iterator[None]:
     """botocore's ClientError, reworded as 'could not <action>: <code>: <message>'."""

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from semif_proxy import progress
 from semif_proxy.deploy import s3uri
 from semif_proxy.deploy.errors import DeployError, aws_errors, poll
 
@@ -131,20 +132,27 @@ def wait_build(
     interval: float = 15,
     sleep: Callable[[float], None] = time.sleep,
 ) -> dict[str, Any]:
+    status_line = progress.Status(f"image build {build_id}")
+
     def step() -> tuple[bool, Any]:
         with aws_errors(f"read build {build_id}"):
             builds = codebuild.batch_get_builds(ids=[build_id]).get("builds", [])
         if not builds:
             raise DeployError(f"CodeBuild does not know build {build_id}")
         status = builds[0].get("buildStatus", "IN_PROGRESS")
+        # In progress, the phase says more (QUEUED, PROVISIONING, BUILD, POST_BUILD, ...).
+        phase = builds[0].get("currentPhase")
+        status_line.update(f"{status} {phase}" if status == "IN_PROGRESS" and phase else status)
         if status in FINISHED and status != "SUCCEEDED":
             phases = builds[0].get("phases", [])
             failed = next(
                 (p for p in phases if p.get("phaseStatus") not in (None, "SUCCEEDED")), {}
             )
+            link = builds[0].get("logs", {}).get("deepLink")
             raise DeployError(
                 f"image build {build_id} ended {status} in phase "
-                f"{failed.get('phaseType', '?')}; see its CloudWatch log"
+                f"{failed.get('phaseType', '?')}; its log: "
+                f"{link or 'CloudWatch /aws/codebuild/' + build_id.split(':')[0]}"
             )
         return status == "SUCCEEDED", builds[0] if status == "SUCCEEDED" else status
 
@@ -177,5 +185,9 @@ def build_image(
     ensure_project(codebuild, build)
     with aws_errors(f"start a build of {build.project!r}"):
         started = codebuild.start_build(projectName=build.project)["build"]["id"]
+    progress.note(
+        f"image build {started}: started in CodeBuild project {build.project}, pushing "
+        f"{build.repository}:{build.tag}"
+    )
     wait(codebuild, started)
     return image_uri(ecr, build.repository, build.tag)

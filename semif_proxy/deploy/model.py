@@ -1,5 +1,7 @@
-"""The SageMaker model (image + model.tar.gz, network isolation on) that `deploy` and `batch`
-both run."""
+"""The SageMaker model (image + model data, network isolation on) that `deploy` and `batch`
+both run. The model data is a model.tar.gz (ModelDataUrl), or an S3 prefix ending in / that
+holds the GGUF as is (`package-model --uncompressed`): ModelDataSource, S3Prefix, no
+compression, which SageMaker copies key by key (less the prefix) into /opt/ml/model."""
 
 from __future__ import annotations
 
@@ -28,12 +30,45 @@ def container_env(m: Model) -> dict[str, str]:
     return env
 
 
+def uncompressed(model_data: str) -> bool:
+    """An S3 prefix (package-model --uncompressed) rather than a model.tar.gz."""
+    return model_data.endswith("/")
+
+
+def check_data(model_data: str, flag: str = "--model-data") -> None:
+    _, key = s3uri.parse(model_data, flag)
+    if uncompressed(model_data):
+        if not key.strip("/"):
+            raise DeployError(
+                f"{flag} {model_data!r} is a whole bucket: give the prefix package-model "
+                "--uncompressed printed (SageMaker copies every object under it)"
+            )
+    elif not model_data.endswith(".tar.gz"):
+        raise DeployError(
+            f"{flag} must be a model.tar.gz, or the S3 prefix ending in / that package-model "
+            f"--uncompressed printed, got {model_data!r}"
+        )
+
+
+def data_source(model_data: str) -> dict[str, Any]:
+    """The PrimaryContainer fields that say where the model data is."""
+    if uncompressed(model_data):
+        return {
+            "ModelDataSource": {
+                "S3DataSource": {
+                    "S3Uri": model_data,
+                    "S3DataType": "S3Prefix",
+                    "CompressionType": "None",
+                }
+            }
+        }
+    return {"ModelDataUrl": model_data}
+
+
 def check(m: Model, name_flag: str = "--name") -> None:
     names.check(m.name, name_flag)
     require_digest(m.image, "--image")
-    s3uri.parse(m.model_data)
-    if not m.model_data.endswith(".tar.gz"):
-        raise DeployError(f"--model-data must be a model.tar.gz, got {m.model_data!r}")
+    check_data(m.model_data)
 
 
 def create(sagemaker: Any, m: Model) -> None:
@@ -43,21 +78,26 @@ def create(sagemaker: Any, m: Model) -> None:
             ExecutionRoleArn=m.role_arn,
             PrimaryContainer={
                 "Image": m.image,
-                "ModelDataUrl": m.model_data,
+                **data_source(m.model_data),
                 "Environment": container_env(m),
             },
             EnableNetworkIsolation=True,
         )
 
 
-def exists(sagemaker: Any, name: str) -> bool:
+def describe(sagemaker: Any, name: str) -> dict[str, Any] | None:
+    """DescribeModel's answer, or None when there is no such model."""
     from botocore.exceptions import ClientError
 
     try:
-        sagemaker.describe_model(ModelName=name)
+        return sagemaker.describe_model(ModelName=name)
     except ClientError as exc:
         if "Could not find model" in exc.response.get("Error", {}).get("Message", ""):
-            return False
+            return None
         with aws_errors(f"look up SageMaker model {name!r}"):
             raise
-    return True
+    raise AssertionError("unreachable")
+
+
+def exists(sagemaker: Any, name: str) -> bool:
+    return describe(sagemaker, name) is not None

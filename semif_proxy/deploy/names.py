@@ -1,4 +1,5 @@
-"""SageMaker resource names: checked before any call, and job names derived from a model name."""
+"""SageMaker resource names: checked before any call, and names made unique with a timestamp
+(transform jobs; each deploy's model and endpoint config)."""
 
 from __future__ import annotations
 
@@ -23,8 +24,14 @@ def check(name: str, flag: str) -> None:
 
 
 def job_name(model_name: str, now: datetime | None = None) -> str:
-    """<model name, shortened>-<UTC timestamp to the millisecond>: unique per start, valid."""
+    """A transform job's name: stamped(model name)."""
+    return stamped(model_name, now)
+
+
+def stamped(name: str, now: datetime | None = None) -> str:
+    """<name, shortened>-<UTC timestamp to the millisecond>: unique per start, valid. Transform
+    jobs, and the model and endpoint config of each `deploy` (endpoint <name>), are named so."""
     now = now or datetime.now(timezone.utc)
     stamp = now.strftime("%Y%m%d-%H%M%S-") + f"{now.microsecond // 1000:03d}"
-    base = re.sub(r"[^a-zA-Z0-9-]", "-", model_name)[: MAX_LEN - len(stamp) - 1].strip("-")
+    base = re.sub(r"[^a-zA-Z0-9-]", "-", name)[: MAX_LEN - len(stamp) - 1].strip("-")
     return f"{base}-{stamp}" if base else stamp

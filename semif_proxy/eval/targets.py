@@ -3,21 +3,30 @@ SageMaker endpoint. Each takes a System One or decisions request body and gives 
 probabilities (or a failure); the same body goes to each, so they differ only in what answers.
 
     model.gguf               the engine in-process (no server; the environment's SEMIF_*
-                             settings apply, as for `semif-proxy serve`)
-    http://host:8080         POST /v1/systemone or /v1/decisions, with an optional API key
+                             settings apply, as for `semif-proxy serve`); one row at a time
+    http://host:8080         POST /v1/systemone or /v1/decisions, with an optional API key, on
+                             kept-alive connections (one per row asked at once, reused)
     sagemaker:<endpoint>     sagemaker-runtime InvokeEndpoint (the body as /invocations gets it)
+
+A target is asked from several threads at once (`eval --concurrency`); a failure carries the
+status and the Retry-After the runner's retries honour (runner.py).
 """
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
+import email.utils
 import functools
 import json
+import threading
 import time
-import urllib.error
-import urllib.request
+import urllib.parse
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
+
+import aiohttp
 
 from semif_proxy.engine.thread import EngineThread
 from semif_proxy.eval.jevbench import label_probabilities, predicted_label
@@ -43,6 +52,8 @@ class Failure:
     seconds: float
     status: int | None = None
     body: Any = None
+    # Seconds the target asked to wait before the next try (a 429's or 503's Retry-After).
+    retry_after: float | None = None
 
     def as_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"error": self.message, "seconds": self.seconds}
@@ -84,6 +95,25 @@ def _error_body(raw: bytes) -> Any:
         return raw.decode("utf-8", "replace")[:500]
 
 
+def retry_after(value: str | None) -> float | None:
+    """A Retry-After header's seconds: a number of seconds or an HTTP date; None when absent
+    or unreadable."""
+    if not value:
+        return None
+    text = value.strip()
+    try:
+        return max(0.0, float(text))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(text)
+    except (TypeError, ValueError):
+        return None
+    if when is None:
+        return None
+    return max(0.0, when.timestamp() - time.time())
+
+
 class Target(Protocol):
     name: str
 
@@ -91,13 +121,16 @@ class Target(Protocol):
 
     def describe(self) -> dict[str, Any]: ...
 
+    def interrupt(self) -> None:
+        """Stop the asks in progress soon (the run was interrupted); close() follows."""
+
     def close(self) -> None: ...
 
 
 @functools.cache
 def shared_engine_thread() -> EngineThread:
     """One engine thread for every model this process evaluates: one OpenMP pool each would
-    slow them all (engine_thread.py)."""
+    slow them all (engine/thread.py)."""
     return EngineThread()
 
 
@@ -109,6 +142,8 @@ class LocalTarget:
     path: Path
     engine: Any = None
     settings: Any = None
+    # The engine answers one request at a time: rows asked at once wait here, not in it.
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @classmethod
     def load(cls, name: str, path: Path) -> LocalTarget:
@@ -135,64 +170,163 @@ class LocalTarget:
         service = (
             services.Decisions(limited=False) if route == "decisions" else services.SystemOne()
         )
-        start = time.perf_counter()
-        try:
-            planned = service.plan(body, self.settings, self.engine.sha256)
-            response = service.answer(self.engine, planned).body
-        except ApiError as exc:
-            seconds = time.perf_counter() - start
-            return Failure(str(exc), seconds, exc.status, exc.body())
-        return read_answer(route, response, time.perf_counter() - start)
+        with self.lock:
+            start = time.perf_counter()
+            try:
+                planned = service.plan(body, self.settings, self.engine.sha256)
+                response = service.answer(self.engine, planned).body
+            except ApiError as exc:
+                seconds = time.perf_counter() - start
+                return Failure(str(exc), seconds, exc.status, exc.body())
+            return read_answer(route, response, time.perf_counter() - start)
 
     def describe(self) -> dict[str, Any]:
         return {"name": self.name, "kind": "local", "model": str(self.path)}
 
+    def interrupt(self) -> None:
+        pass  # the row in progress finishes (seconds); close() waits for it
+
     def close(self) -> None:
-        if self.engine is not None:
-            self.engine.close()
-            self.engine = None
+        with self.lock:
+            if self.engine is not None:
+                self.engine.close()
+                self.engine = None
 
 
 ROUTES = {"systemone": "/v1/systemone", "decisions": "/v1/decisions"}
 
 
+class Session:
+    """One aiohttp ClientSession for a URL target, on an event loop in a thread of its own: its
+    pool keeps connections alive from row to row (one for each row asked at once), and the
+    threads that ask rows wait on it."""
+
+    def __init__(self, timeout: float) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name="eval-http", daemon=True)
+        self.thread.start()
+        self.timeout = timeout
+        self._pending: set[concurrent.futures.Future[Any]] = set()
+        self._lock = threading.Lock()
+        self._closed = False
+        self.session: aiohttp.ClientSession = self._run(self._open())
+
+    def _run(self, coro: Any) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
+
+    async def _open(self) -> aiohttp.ClientSession:
+        # Per connect and per read, as urllib's timeout was: a long answer that keeps coming is
+        # not cut.
+        timeout = aiohttp.ClientTimeout(
+            total=None, sock_connect=self.timeout, sock_read=self.timeout
+        )
+        return aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=0))
+
+    async def _post(self, url: str, data: bytes, headers: dict[str, str]) -> Any:
+        # A kept-alive connection the server closed while it was idle fails at once: once more
+        # on a new one.
+        for retry in (False, True):
+            try:
+                async with self.session.post(url, data=data, headers=headers) as response:
+                    return (
+                        response.status,
+                        response.headers.get("Retry-After"),
+                        await response.read(),
+                    )
+            except aiohttp.ServerDisconnectedError:
+                if retry:
+                    raise
+        raise AssertionError("unreachable")
+
+    def post(self, url: str, data: bytes, headers: dict[str, str]) -> tuple[int, str | None, bytes]:
+        """Status, Retry-After and body, from any thread."""
+        with self._lock:
+            if self._closed:
+                raise ConnectionAbortedError("the run was interrupted")
+            future = asyncio.run_coroutine_threadsafe(self._post(url, data, headers), self.loop)
+            self._pending.add(future)
+        try:
+            return future.result()
+        finally:
+            with self._lock:
+                self._pending.discard(future)
+
+    def close(self) -> None:
+        """Stop the posts in progress (they fail at once), close the pool and the loop."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            pending = list(self._pending)
+        for future in pending:
+            future.cancel()
+        self._run(self.session.close())
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join()
+        self.loop.close()
+
+
 @dataclass
 class UrlTarget:
-    """A running semif-proxy: its own routes, with `Authorization: Bearer <key>` when given."""
+    """A running semif-proxy: its own routes, with `Authorization: Bearer <key>` when given,
+    through one session whose connections are kept alive from row to row."""
 
     name: str
     url: str
     api_key: str | None = None
     timeout: float = 120.0
+    _session: Session | None = field(default=None, init=False, repr=False)
+    _closed: bool = field(default=False, init=False, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        parts = urllib.parse.urlsplit(self.url)
+        try:
+            parts.port  # noqa: B018 (a port that is no number raises here)
+        except ValueError:
+            raise TargetError(f"{self.url}: the port is not a number from 1 to 65535") from None
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise TargetError(f"{self.url}: not an http:// or https:// URL with a host")
+
+    def session(self) -> Session:
+        """The session, opened on the first ask (a target never asked holds nothing)."""
+        with self._lock:
+            if self._closed:
+                raise ConnectionAbortedError("the run was interrupted")
+            if self._session is None:
+                self._session = Session(self.timeout)
+            return self._session
 
     def ask(self, route: str, body: dict[str, Any]) -> Answer | Failure:
         headers = {"Content-Type": "application/json"}
         if self.api_key:
             headers["Authorization"] = f"Bearer {self.api_key}"
-        request = urllib.request.Request(
-            self.url.rstrip("/") + ROUTES[route],
-            data=json.dumps(body).encode(),
-            headers=headers,
-            method="POST",
-        )
         start = time.perf_counter()
         try:
-            with urllib.request.urlopen(request, timeout=self.timeout) as response:
-                raw = response.read()
-        except urllib.error.HTTPError as exc:
-            raw = exc.read()
-            return Failure(
-                f"HTTP {exc.code}", time.perf_counter() - start, exc.code, _error_body(raw)
+            status, wait, raw = self.session().post(
+                self.url.rstrip("/") + ROUTES[route], json.dumps(body).encode(), headers
             )
-        except OSError as exc:  # refused, reset, timed out (URLError is one)
+        except concurrent.futures.CancelledError:
+            return Failure("interrupted", time.perf_counter() - start)
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:  # refused, reset
             return Failure(f"{type(exc).__name__}: {exc}", time.perf_counter() - start)
-        return _answer_or_failure(route, raw, time.perf_counter() - start)
+        seconds = time.perf_counter() - start
+        if not 200 <= status < 300:
+            return Failure(f"HTTP {status}", seconds, status, _error_body(raw), retry_after(wait))
+        return _answer_or_failure(route, raw, seconds)
 
     def describe(self) -> dict[str, Any]:
         return {"name": self.name, "kind": "url", "url": self.url}
 
+    def interrupt(self) -> None:
+        self.close()
+
     def close(self) -> None:
-        pass
+        with self._lock:
+            self._closed = True
+            session, self._session = self._session, None
+        if session is not None:
+            session.close()
 
 
 @dataclass
@@ -243,6 +377,9 @@ class SageMakerTarget:
 
     def describe(self) -> dict[str, Any]:
         return {"name": self.name, "kind": "sagemaker", "endpoint": self.endpoint}
+
+    def interrupt(self) -> None:
+        pass  # the call in progress finishes (boto3 has no way to abort it)
 
     def close(self) -> None:
         pass
