@@ -125,8 +125,14 @@ browser:
 	    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
 	  else echo "browser: chromium missing and not root; the playground tests will fail (apt-get install chromium)" >&2; fi; }
 
+# Two parts: most tests in two workers (each test's servers run on one thread, so two of them
+# share the two cores), one file per worker so that a module's server is started once; then the
+# `serial` ones alone (they measure CPU use or timing, or take both cores).
+TEST_WORKERS ?= 2
 test-cpu: build model browser
-	SEMIF_TEST_MODEL=$(MODEL) $(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
+	SEMIF_TEST_MODEL=$(MODEL) $(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile \
+	  -m "not slow and not serial" $(PYTEST_ARGS)
+	SEMIF_TEST_MODEL=$(MODEL) $(PY) -m pytest -m "not slow and serial" $(PYTEST_ARGS)
 
 test-slow: build model model-qwen model-qwen15
 	SEMIF_TEST_MODEL=$(MODEL) SEMIF_TEST_QWEN=$(QWEN) SEMIF_TEST_QWEN15=$(QWEN15) \

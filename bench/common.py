@@ -6,6 +6,7 @@ import json
 import os
 import platform
 import statistics
+import subprocess
 import sys
 import time
 import urllib.error
@@ -104,9 +105,30 @@ def machine() -> dict[str, Any]:
         "cores": os.cpu_count(),
         "python": sys.version.split()[0],
         "platform": platform.platform(),
-        # When: the code measured changes between runs on the same machine and the same day.
+        # When and what: the code measured changes between runs on the same machine and day.
         "date": time.strftime("%Y-%m-%dT%H:%MZ", time.gmtime()),
+        "commit": _commit(),
     }
+
+
+def _commit() -> str | None:
+    """The checkout's commit, with "+changes" when the tree differs from it; None outside git."""
+    root = Path(__file__).resolve().parent.parent
+    try:
+        head = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True
+        )
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=root,
+            capture_output=True,
+            text=True,
+        )
+    except OSError:
+        return None
+    if head.returncode != 0:
+        return None
+    return head.stdout.strip() + ("+changes" if dirty.stdout.strip() else "")
 
 
 _BARS: dict[str, Any] = {}

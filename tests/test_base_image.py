@@ -57,6 +57,8 @@ ROUTING = {
 }
 # A cold run builds llama.cpp the base's way first (~15 minutes on 2 idle cores, once).
 pytestmark = [
+    # Builds and starts the simulated base image: heavy on both cores (the serial part).
+    pytest.mark.serial,
     pytest.mark.timeout(3600),
     pytest.mark.skipif(
         not (LLAMA / "src" / "include" / "llama.h").is_file(),

@@ -23,6 +23,9 @@ import pytest
 
 from semif_proxy.testing.server import ProxyProcess, wait_for
 
+# Stalls and kills timed against probes and deadlines (the serial part).
+pytestmark = pytest.mark.serial
+
 CHAOS_SECONDS = 24
 CLIENTS = 16
 ENV = {

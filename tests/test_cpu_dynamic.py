@@ -27,6 +27,9 @@ from semif_proxy.settings import SettingsError, load_settings
 from semif_proxy.testing.server import ProxyProcess, wait_for
 from tests.helpers.long_decision import LONG_STATE, long_decision
 
+# Thread counts, preemption and the cores each path gets: measured alone (the serial part).
+pytestmark = pytest.mark.serial
+
 # -- the engine's thread count -------------------------------------------------------------------
 
 

@@ -127,7 +127,6 @@ def image_build(**changes: Any) -> image.ImageBuild:
         "source": "s3://builds/src/",
         "repository": "semif-proxy",
         "tag": "v1",
-        "dockerfile": "container/Dockerfile",
         "base_image": BASE,
         "role_arn": ROLE,
     }
@@ -186,6 +185,7 @@ def test_build_image_end_to_end(tmp_path: Path) -> None:
         "ECR_REPOSITORY": "semif-proxy",
         "IMAGE_TAG": "v1",
         "DOCKERFILE": "container/Dockerfile",
+        "VARIANT": "cpu",
         "BASE_IMAGE": BASE,
     }  # no LLAMA_CPP_REF: the Dockerfile reads the base image's own
     source = s3.get_object(Bucket="builds", Key="src/semif-proxy-source.zip")["Body"].read()
@@ -216,6 +216,9 @@ def test_llama_cpp_ref_is_only_sent_when_given(monkeypatch: pytest.MonkeyPatch) 
     assert main([*common, "--role", ROLE]) == 0
     assert main([*common, "--role", ROLE, "--llama-cpp-ref", "b9999"]) == 0
     assert [b.llama_cpp_ref for b in seen] == [None, "b9999"]
+    # --gpu builds the same Dockerfile with VARIANT=gpu (the buildspec passes it on).
+    assert main([*common, "--role", ROLE, "--gpu"]) == 0
+    assert seen[-1].variant == "gpu" and env(seen[-1])["VARIANT"] == "gpu"
 
 
 def test_build_image_updates_an_existing_project() -> None:

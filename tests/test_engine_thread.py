@@ -15,6 +15,9 @@ from semif_proxy.testing.server import ProxyProcess, wait_for
 from tests.conftest import GPU_LAYERS
 from tests.helpers.long_decision import long_decision
 
+# Counts OpenMP sleeps at ggml barriers: another test's load would add some (the serial part).
+pytestmark = pytest.mark.serial
+
 
 def test_calls_run_on_the_engine_thread_from_outside_and_inline_from_inside() -> None:
     thread = EngineThread()

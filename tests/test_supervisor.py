@@ -25,6 +25,9 @@ from semif_proxy.llama_server.output import LineReader
 from semif_proxy.llama_server.supervisor import LlamaServer, Supervision
 from semif_proxy.testing.server import free_port
 
+# Probe timeouts and restart backoff in seconds (the serial part).
+pytestmark = pytest.mark.serial
+
 FAST = Supervision(start_timeout=60, probe_interval=0.2, probe_timeout=0.5, max_failed_probes=3)
 
 

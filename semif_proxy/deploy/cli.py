@@ -62,7 +62,7 @@ def build_image(args: argparse.Namespace) -> str:
         source=args.source,
         repository=args.repository,
         tag=args.tag,
-        dockerfile="container/Dockerfile.gpu" if args.gpu else "container/Dockerfile",
+        variant="gpu" if args.gpu else "cpu",
         base_image=args.base_image,
         role_arn=_role(args.role, "SEMIF_CODEBUILD_ROLE"),
         llama_cpp_ref=args.llama_cpp_ref,
@@ -273,7 +273,11 @@ def add_commands(sub: Any) -> None:
     p.add_argument("--source", required=True, help="s3://bucket/prefix/ for the source zip")
     p.add_argument("--project", default="semif-proxy-image", help="CodeBuild project name")
     p.add_argument("--tag", default="latest", help="image tag pushed to the repository")
-    p.add_argument("--gpu", action="store_true", help="use container/Dockerfile.gpu")
+    p.add_argument(
+        "--gpu",
+        action="store_true",
+        help="build the GPU image (container/Dockerfile with VARIANT=gpu; default: the CPU one)",
+    )
     p.add_argument(
         "--llama-cpp-ref",
         help="b<build> or commit the base must run (the build fails otherwise); "

@@ -34,11 +34,11 @@ class ImageBuild:
     source: str  # s3://bucket/key.zip
     repository: str
     tag: str
-    dockerfile: str
     base_image: str
     role_arn: str
     llama_cpp_ref: str | None = None  # None: the Dockerfile reads the base image's own
     compute_type: str = "BUILD_GENERAL1_LARGE"
+    variant: str = "cpu"  # container/Dockerfile's VARIANT build argument: cpu or gpu
 
 
 def require_digest(uri: str, what: str) -> None:
@@ -75,7 +75,8 @@ def project_spec(build: ImageBuild) -> dict[str, Any]:
     env = {
         "ECR_REPOSITORY": build.repository,
         "IMAGE_TAG": build.tag,
-        "DOCKERFILE": build.dockerfile,
+        "DOCKERFILE": "container/Dockerfile",
+        "VARIANT": build.variant,
         "BASE_IMAGE": build.base_image,
     }
     if build.llama_cpp_ref is not None:

@@ -12,10 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent.parent
-DOCKERFILES = {
-    "cpu": ROOT / "container" / "Dockerfile",
-    "gpu": ROOT / "container" / "Dockerfile.gpu",
-}
+# One Dockerfile for both images (its VARIANT build argument: cpu or gpu).
+DOCKERFILES = {"cpu": ROOT / "container" / "Dockerfile"}
 # Where the Dockerfiles put the venv (build-extension.sh's second argument); tests relocate it.
 IMAGE_VENV = "/opt/semif"
 

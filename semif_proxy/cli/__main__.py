@@ -1,0 +1,5 @@
+"""`python -m semif_proxy.cli`."""
+
+from semif_proxy.cli import main
+
+raise SystemExit(main())
