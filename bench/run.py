@@ -14,12 +14,22 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench import common, floor, mixed, options, prior, split, startup, suites
+from bench import common, floor, memory, mixed, options, prior, split, startup, suites
 
 SUITES = ("jevbench", "generation", "order", "overhead", "shared", "prefix", "scaling", "floor")
 # Suites that start their own servers (several configurations, or the start itself).
-# (`split` runs the engine in-process, no server.)
-OWN_SERVERS = ("mixed", "mixed_rounds", "startup", "prior", "options", "labels", "split")
+# (`split` and `repack` run the engine in-process, no server.)
+OWN_SERVERS = (
+    "mixed",
+    "mixed_rounds",
+    "startup",
+    "prior",
+    "options",
+    "labels",
+    "split",
+    "memory",
+    "repack",
+)
 # `all` (make bench): prior, options and labels are left out, each its own long run (README).
 IN_ALL = (*SUITES, "mixed", "startup", "split")
 
@@ -74,6 +84,10 @@ def headline(name: str, r: dict[str, Any]) -> str:
         return options.headline(r)
     if name == "split":
         return split.headline(r)
+    if name == "memory":
+        return memory.headline(r)
+    if name == "repack":
+        return memory.prefill_headline(r)
     if name == "prior":
         return prior.headline(r)
     if name == "startup":
@@ -236,6 +250,13 @@ def main(argv: list[str] | None = None) -> int:
         help="floor: these prompt lengths only (e.g. 200), --repeats pairs each, written to "
         "floor-<lengths>-<tag>.json",
     )
+    parser.add_argument(
+        "--memory-ctx",
+        type=int,
+        default=0,
+        help="memory: the context of the engine and llama-server (0: the test servers' 4096; "
+        "-1: the product's own, from the model)",
+    )
     parser.add_argument("--model", type=Path, help="GGUF to serve (started here)")
     parser.add_argument("--endpoint", help="use a running server instead")
     parser.add_argument("--limit", type=int, help="at most this many JevBench tasks")
@@ -271,6 +292,12 @@ def main(argv: list[str] | None = None) -> int:
             result = prior.run(args.model, args.limit, args.tasks)
         elif name == "split":
             result = split.run(args.model)
+        elif name == "memory":
+            result = memory.run(args.model, None if args.memory_ctx < 0 else args.memory_ctx)
+            if args.memory_ctx:  # beside the default run, not over it
+                file_name = f"memory-ctx{'model' if args.memory_ctx < 0 else args.memory_ctx}"
+        elif name == "repack":
+            result = memory.prefill(args.model)
         elif name == "mixed_rounds":
             a, b = (d.strip() for d in args.mixed_designs.split(","))
             gap = args.mixed_chat_gap

@@ -60,6 +60,7 @@ Engine::Engine(const EngineConfig& config) : config_(config) {
 
     llama_model_params mparams = llama_model_default_params();
     mparams.n_gpu_layers = config.n_gpu_layers;
+    mparams.use_extra_bufts = config.repack;
     model_.reset(llama_model_load_from_file(config.model_path.c_str(), mparams));
     if (!model_) {
         throw LlamaError(kLoadFailed, with_reason("failed to load model " + config.model_path));

@@ -63,6 +63,10 @@ struct EngineConfig {
     // a preemption throws away (set_threads), and a chat's wait where there is none. CPU
     // results do not depend on it (tested).
     int32_t n_ubatch = 512;
+    // Weight repacking (llama_model_params.use_extra_bufts, llama-server's --repack): the CPU
+    // backend copies the weights it has interleaved kernels for into a private buffer of this
+    // process; off, they stay in the mmap'ed file, one copy shared by every process.
+    bool repack = true;
 };
 
 // How score() places the suffixes (see the comment at the top of this file).

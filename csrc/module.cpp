@@ -152,14 +152,14 @@ PYBIND11_MODULE(_engine, m) {
     py::class_<Engine>(m, "Engine")
         .def(py::init([](const std::string& model_path, int32_t n_ctx, int32_t n_threads,
                          int32_t n_gpu_layers, int32_t n_seq, int32_t n_batch, int32_t flash_attn,
-                         int32_t n_ubatch) {
+                         int32_t n_ubatch, bool repack) {
                  EngineConfig cfg{model_path, n_ctx,   n_threads,  n_gpu_layers,
-                                  n_seq,      n_batch, flash_attn, n_ubatch};
+                                  n_seq,      n_batch, flash_attn, n_ubatch, repack};
                  return unlocked([&] { return new Engine(cfg); });
              }),
              py::arg("model_path"), py::arg("n_ctx") = 4096, py::arg("n_threads") = 0,
              py::arg("n_gpu_layers") = 0, py::arg("n_seq") = 8, py::arg("n_batch") = 2048,
-             py::arg("flash_attn") = 0, py::arg("n_ubatch") = 512)
+             py::arg("flash_attn") = 0, py::arg("n_ubatch") = 512, py::arg("repack") = true)
         .def_property_readonly("n_vocab", &Engine::n_vocab)
         .def_property_readonly("n_ctx", &Engine::n_ctx)
         .def_property_readonly("n_threads", &Engine::n_threads)

@@ -8,11 +8,19 @@ as tests). A bad value stops start-up with a message that names the environment 
 from __future__ import annotations
 
 import os
+import struct
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from semif_proxy import redact
 from semif_proxy.calibration.abstention import Thresholds
@@ -24,11 +32,20 @@ from semif_proxy.engine.prompt import MAX_OPTIONS, labels_for
 from semif_proxy.llama_server import ports
 from semif_proxy.llama_server.args import PREFIX, LlamaArgsError, llama_server_args
 from semif_proxy.model.files import ModelNotFoundError, discover_model
+from semif_proxy.model.gguf import read_gguf
 
 DEFAULT_MAX_BODY_BYTES = 6 << 20
 # The engine's default tokens per llama_decode call (SEMIF_UBATCH_SIZE), by device.
 UBATCH_CPU = 256
 UBATCH_GPU = 512
+# The engine's context when SEMIF_CTX_SIZE is unset: the model's training context, at most
+# this. 8,192 tokens hold a 255-option System One choice with one-line descriptions (about
+# 4,000 prompt tokens, its label tree and the alignment cells of its branches; tested), at a KV
+# cache of 8,192 x the model's bytes per token (SmolLM2-135M: 189 MB; Qwen2.5-1.5B: 235 MB).
+AUTO_CTX_MAX = 8192
+# A model whose header does not say its training context gets this.
+FALLBACK_CTX = 4096
+MIN_CTX = 64
 # Defaults no variable sets, kept with the rest:
 # - failed probes in a row before llama-server counts as unhealthy (one missed probe is not a
 #   stall: on a busy 2-core machine a /health call can miss its timeout while it generates);
@@ -46,6 +63,19 @@ JSON_LINES_PER_JOB = 16
 
 class SettingsError(ValueError):
     """A configuration problem; the message names the variable."""
+
+
+def context_for(model_path: Path) -> int:
+    """The engine's context for a model when none is set: its training context (GGUF
+    `<arch>.context_length`), at most AUTO_CTX_MAX. A file whose header cannot be read gets
+    FALLBACK_CTX (the engine's own load then says what is wrong with it)."""
+    try:
+        trained = read_gguf(model_path).arch_value("context_length")
+    except (OSError, ValueError, KeyError, struct.error):
+        return FALLBACK_CTX
+    if not isinstance(trained, int) or trained < MIN_CTX:
+        return FALLBACK_CTX
+    return min(trained, AUTO_CTX_MAX)
 
 
 class Settings(BaseModel):
@@ -73,7 +103,11 @@ class Settings(BaseModel):
     max_failed_probes: int = Field(5, ge=1, le=1000)
 
     # Decision engine
-    n_ctx: int = Field(4096, ge=64, le=1 << 20)
+    # The engine's context in tokens; 0 (the default): the model's training context, at most
+    # AUTO_CTX_MAX (context_for below), so that the largest request the limits accept (255
+    # options with one-line descriptions) fits. Shared with llama-server when set through
+    # SM_LLAMA_CPP_CTX_SIZE.
+    n_ctx: int = Field(0, ge=0, le=1 << 20)
     n_threads: int = Field(0, ge=0, le=1024)  # 0: as cpu_sharing says (semif_proxy/cpu/plan.py)
     # How the engine and llama-server share the CPU (cpu/policy.py): gate (both get every
     # core, one job at a time), dynamic (every core to whichever runs alone, divided while
@@ -89,6 +123,11 @@ class Settings(BaseModel):
     n_ubatch: int = Field(0, ge=0, le=1 << 16)
     # Where ggml's loadable backends are (GGML_BACKEND_DL builds); None: libllama's folder.
     backend_dir: Path | None = None
+    # Weight repacking (llama.cpp's --repack), for the engine and every llama-server together.
+    # on: each process keeps a private copy of the weights in the CPU backend's interleaved
+    # layouts; off: all of them read the one mmap'ed file. auto: off on an x86 CPU without AMX
+    # (faster there, bench/results/repack-*.json), on with AMX (repack_choice below).
+    repack: Literal["auto", "on", "off"] = "auto"
     temperature: Temperature = Temperature()
     # Fitted position priors (`semif-proxy calibrate --rows`), read with the temperatures.
     position_prior: PositionPrior = PositionPrior()
@@ -142,6 +181,31 @@ class Settings(BaseModel):
             raise ValueError("must be DEBUG, INFO, WARNING or ERROR")
         return upper
 
+    @field_validator("n_ctx")
+    @classmethod
+    def _context_floor(cls, value: int) -> int:
+        if 0 < value < MIN_CTX:
+            raise ValueError(f"Input should be 0 (from the model) or at least {MIN_CTX}")
+        return value
+
+    @model_validator(mode="after")
+    def _context_from_model(self) -> Settings:
+        if self.n_ctx == 0:
+            # Frozen, and validated once: the resolved size is what every reader sees.
+            object.__setattr__(self, "n_ctx", context_for(self.model_path))
+        return self
+
+    @field_validator("repack", mode="before")
+    @classmethod
+    def _repack_words(cls, value: Any) -> Any:
+        # SM_LLAMA_CPP_REPACK=true/false, as llama-server's own switch reads.
+        if isinstance(value, bool):
+            return "on" if value else "off"
+        if isinstance(value, str):
+            lowered = value.strip().lower()
+            return "on" if lowered in _TRUE else "off" if lowered in _FALSE else lowered
+        return value
+
     @field_validator("rows_log")
     @classmethod
     def _rows_log_folder(cls, value: Path | None) -> Path | None:
@@ -166,7 +230,7 @@ class Settings(BaseModel):
         """The engine's tokens per llama_decode call. On the CPU, under `dynamic` sharing, a chat
         preempts the call in progress and its work so far is lost: 256 bounds that loss while a
         prompt of up to 256 tokens still goes in one call, as llama-server's would (shorter
-        calls cost a few per cent at ~200 tokens here, README "CPU sharing"). The GPU wants big
+        calls cost a few per cent at ~200 tokens here, docs/operations.md, "CPU sharing"). The GPU wants big
         ones, and shares no cores."""
         wanted = self.n_ubatch or (UBATCH_GPU if self.n_gpu_layers else UBATCH_CPU)
         return min(wanted, self.n_batch)
@@ -210,6 +274,8 @@ _ENV: dict[str, tuple[str, tuple[str, ...]]] = {
     "n_batch": ("SEMIF_BATCH_SIZE", ()),
     "n_ubatch": ("SEMIF_UBATCH_SIZE", ()),
     "backend_dir": ("SEMIF_GGML_BACKEND_DIR", ()),
+    # SM_LLAMA_CPP_REPACK is read here, not forwarded: the engine and llama-server obey it alike.
+    "repack": ("SEMIF_REPACK", ("SM_LLAMA_CPP_REPACK",)),
     # The calibration (temperatures and position priors); SEMIF_TEMPERATURE is its old name.
     "temperature": ("SEMIF_CALIBRATION", ("SEMIF_TEMPERATURE",)),
     "rows_log": ("SEMIF_ROWS_LOG", ()),
@@ -240,6 +306,55 @@ _ENV: dict[str, tuple[str, tuple[str, ...]]] = {
 _BOOLS = {"chat", "decisions", "strict", "playground", "upstream_admin", "invocations_public"}
 _TRUE = {"1", "true", "on", "yes"}
 _FALSE = {"0", "false", "off", "no"}
+
+
+class RepackChoice(NamedTuple):
+    on: bool
+    why: str
+
+
+# /proc/cpuinfo flags under which llama.cpp's repacked weights are the fast path: its AMX
+# kernels only run on the repacked ("extra") buffers. Without them, on a 2-core AVX-512 EPYC,
+# the unrepacked layout prefilled Qwen2.5-1.5B Q4_K_M 1.25x faster and 0.5B as fast
+# (bench/results/repack-*.json), and every process then shares one copy of the weights
+# (memory-*.json: the default server's three processes 3,484 -> 1,701 MiB PSS on 1.5B).
+AMX_FLAGS = frozenset({"amx_int8", "amx_tile"})
+
+
+def repack_choice(setting: str, cpuinfo: str | None = None) -> RepackChoice:
+    """SEMIF_REPACK resolved for this machine (cpuinfo: /proc/cpuinfo's text, read when None).
+    auto: on with AMX; off on another x86 CPU; llama.cpp's default (on) where /proc/cpuinfo
+    shows no x86 flags (ARM's NEON/i8mm repacked kernels were not measured here)."""
+    if setting in ("on", "off"):
+        return RepackChoice(setting == "on", f"{setting}: as set (SEMIF_REPACK)")
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            cpuinfo = ""
+    flags: set[str] = set()
+    for line in cpuinfo.splitlines():
+        key, _, rest = line.partition(":")
+        if key.strip() == "flags":
+            flags.update(rest.split())
+    amx = sorted(flags & AMX_FLAGS)
+    if amx:
+        return RepackChoice(
+            True,
+            f"on: the CPU has AMX ({', '.join(amx)}): llama.cpp's repacked kernels are "
+            "its fast path",
+        )
+    if not flags:
+        return RepackChoice(
+            True, "on: no x86 CPU flags in /proc/cpuinfo: llama.cpp's default (not measured here)"
+        )
+    simd = "AVX-512" if "avx512f" in flags else "AVX2" if "avx2" in flags else "x86"
+    return RepackChoice(
+        False,
+        f"off: {simd} without AMX: the unrepacked layout prefilled Qwen2.5-1.5B Q4_K_M 1.25x "
+        "faster on a 2-core AVX-512 EPYC (bench/results/repack-*.json), and every process "
+        "shares one copy of the weights",
+    )
 
 
 def _parse_bool(value: str) -> bool:

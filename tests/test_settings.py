@@ -125,3 +125,72 @@ def test_sha256_is_cached_beside_the_model(tmp_path: Path) -> None:
     assert model_sha256(model) == first
     model.write_bytes(b"GGUF2")
     assert model_sha256(model) != first
+
+
+def test_the_engine_context_comes_from_the_model_when_unset(tmp_path: Path, model_path: Path):
+    """SEMIF_CTX_SIZE unset: the model's training context (its GGUF header), at most the cap;
+    set: the value as given; a file with no readable header: the fallback (the engine's load
+    then says what is wrong)."""
+    from gguf import GGUFReader  # an independent reader of the header
+
+    from semif_proxy.settings import AUTO_CTX_MAX, FALLBACK_CTX
+    from tests.helpers.tiny_model import write_tiny_model
+
+    reader = GGUFReader(str(model_path))
+    field = reader.fields[f"{reader.fields['general.architecture'].contents()}.context_length"]
+    trained = int(field.contents())
+    assert load_settings({}, model=str(model_path)).n_ctx == min(trained, AUTO_CTX_MAX)
+    small = write_tiny_model(tmp_path / "small.gguf", n_ctx=1024)
+    assert load_settings({}, model=str(small)).n_ctx == 1024
+    big = write_tiny_model(tmp_path / "big.gguf", n_ctx=1 << 17)
+    assert load_settings({}, model=str(big)).n_ctx == AUTO_CTX_MAX
+    assert load_settings({"SEMIF_CTX_SIZE": "2048"}, model=str(big)).n_ctx == 2048
+    assert load_settings({"SM_LLAMA_CPP_CTX_SIZE": "3072"}, model=str(big)).n_ctx == 3072
+    junk = _touch(tmp_path / "junk.gguf")
+    assert load_settings({}, model=str(junk)).n_ctx == FALLBACK_CTX
+
+
+CRITERIA = {f"route_{i}": f"Tickets about order problem number {i}" for i in range(255)}
+LARGEST_CHOICE = {
+    "model": "jev-latest",
+    "state": "The customer says the parcel never arrived and wants a refund.",
+    "questions": {"q": {"type": "choice", "criteria": CRITERIA}},
+}
+
+
+def test_the_largest_choice_the_api_accepts_fits_the_default_context(
+    model_path: Path, decision_engine
+):
+    """255 options (System One's most) with one-line descriptions: on SmolLM2 a prompt of
+    about 7,000 tokens, which the old fixed 4,096-token context refused (413) and the limits of
+    the context sized from the model (the default settings) hold. Answering it takes minutes
+    on 2 cores: test-slow does that below."""
+    from semif_proxy.api.services import SERVICES
+
+    defaults = load_settings({"SEMIF_CHAT": "off"}, model=str(model_path))
+    planned = SERVICES["systemone"].plan(LARGEST_CHOICE, defaults, decision_engine.sha256)
+    question = planned.asked[0].questions[0]
+    # Rendered and tokenized as the engine does it (neither depends on the context size).
+    tokens = len(decision_engine.tokenize_prompt(decision_engine._render(question).text))
+    assert 4096 < tokens <= defaults.prompt_token_limit == defaults.n_ctx == 8192
+    assert tokens <= defaults.request_token_limit
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_the_largest_choice_is_answered_on_smollm2(model_path: Path):
+    """The same request answered whole on the defaults (about 100 s on 2 cores)."""
+    from semif_proxy.api.services import SERVICES
+    from semif_proxy.engine.worker import DecisionEngine
+
+    settings = load_settings({"SEMIF_CHAT": "off"}, model=str(model_path), n_threads=2)
+    engine = DecisionEngine.load(settings)
+    try:
+        service = SERVICES["systemone"]
+        answered = service.answer(engine, service.plan(LARGEST_CHOICE, settings, engine.sha256))
+    finally:
+        engine.close()
+    assert answered.input_tokens > 4096
+    probabilities = answered.body["answers"]["q"]["probabilities"]
+    assert list(probabilities) == list(CRITERIA)
+    assert sum(probabilities.values()) == pytest.approx(1.0)

@@ -107,10 +107,11 @@ def private_bytes(pid: int) -> int | None:
 
 
 def second_server_fits(room: int | None, first_private: int | None) -> bool:
-    """A second llama-server holds what the first holds of its own: its KV cache and its copy
-    of the weights that ggml's CPU backend repacks into faster layouts (anonymous memory, not
-    the shared file pages; measured 763 MiB for a 1,066 MiB Q4_K_M file). Started only where
-    that and half again as a margin fit."""
+    """A second llama-server holds what the first holds of its own (measured, not estimated):
+    its KV cache and buffers, and with weight repacking on (SEMIF_REPACK) its own copy of the
+    weights in the CPU backend's layouts; off, the weights stay in the shared file pages
+    (Qwen2.5-1.5B Q4_K_M at 4,096 tokens: 780 MiB repacked, 185 MiB not; docs/memory.md).
+    Started only where that and half again as a margin fit."""
     if room is None or first_private is None:
         return True
     return room >= first_private * 3 // 2

@@ -17,6 +17,7 @@ from semif_proxy.engine.prompt import (
 )
 from semif_proxy.engine.questions import Question
 from semif_proxy.errors import InvalidRequest, PayloadTooLarge
+from semif_proxy.settings import AUTO_CTX_MAX
 
 if TYPE_CHECKING:
     from semif_proxy.engine import native
@@ -57,7 +58,10 @@ class TokenChecks:
         for q, tokens in zip(questions, fulls):
             if len(tokens) > limit:
                 raise PayloadTooLarge(
-                    f"{q.path}: the prompt is {len(tokens)} tokens, over the limit of {limit}",
+                    f"{q.path}: the prompt is {len(tokens)} tokens, over the limit of {limit} "
+                    f"(SEMIF_MAX_PROMPT_TOKENS, else the engine's context: SEMIF_CTX_SIZE, by "
+                    f"default the model's training context up to {AUTO_CTX_MAX}); shorten the "
+                    "state or the option descriptions, or raise the context",
                     field=q.path,
                     tokens=len(tokens),
                     limit=limit,

@@ -44,7 +44,7 @@ from semif_proxy.engine.scoring import GroupScoring
 from semif_proxy.engine.thread import EngineThread
 from semif_proxy.errors import Cancelled, EngineFailure, PayloadTooLarge, Unavailable
 from semif_proxy.model.files import model_sha256
-from semif_proxy.settings import Settings
+from semif_proxy.settings import RepackChoice, Settings, repack_choice
 
 log = logging.getLogger("semif_proxy.engine")
 
@@ -59,6 +59,7 @@ class DecisionEngine(EngineJobs, TokenChecks, GroupScoring):
         settings: Settings,
         sha256: str,
         thread: EngineThread | None = None,
+        repack: RepackChoice | None = None,
     ) -> None:
         self.core = core
         # Every forward pass on one thread (thread.py), this constructor's own check too.
@@ -148,6 +149,10 @@ class DecisionEngine(EngineJobs, TokenChecks, GroupScoring):
             "ubatch": core.n_ubatch,  # tokens per llama_decode call (SEMIF_UBATCH_SIZE)
             "context_size": core.n_ctx,
         }
+        # Weight repacking as the core was loaded with it (SEMIF_REPACK; llama-server likewise)
+        # and why: in the "decision engine ready" line and /health.
+        repack = repack or repack_choice(settings.repack)
+        self.model_info["repack"] = {"on": repack.on, "setting": settings.repack, "why": repack.why}
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -161,6 +166,7 @@ class DecisionEngine(EngineJobs, TokenChecks, GroupScoring):
             native.load_backends(settings.backend_dir)
         owned = thread is None
         on = thread or EngineThread()
+        repack = repack_choice(settings.repack)
 
         def build() -> DecisionEngine:
             core = native.Engine(
@@ -171,9 +177,10 @@ class DecisionEngine(EngineJobs, TokenChecks, GroupScoring):
                 n_seq=settings.n_parallel,
                 n_batch=settings.n_batch,
                 n_ubatch=settings.engine_ubatch,
+                repack=repack.on,
             )
             # Hashed once the file has loaded: a file that is no model is not read in full.
-            engine = cls(core, settings, model_sha256(settings.model_path), on)
+            engine = cls(core, settings, model_sha256(settings.model_path), on, repack)
             engine._owns_thread = owned
             return engine
 

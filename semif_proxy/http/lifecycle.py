@@ -30,6 +30,7 @@ from semif_proxy.http.keys import (
 )
 from semif_proxy.llama_server.args import with_defaults
 from semif_proxy.llama_server.supervisor import LlamaServer, LlamaServerError, Supervision
+from semif_proxy.settings import repack_choice
 
 log = logging.getLogger("semif_proxy.app")  # the name its log lines have always carried
 
@@ -123,7 +124,10 @@ async def llama_ctx(app: web.Application) -> AsyncIterator[None]:
             probe_timeout=settings.health_timeout,
             max_failed_probes=settings.max_failed_probes,
         )
-        args = with_defaults(settings.llama_server_args, plan.llama_server)
+        # Weight repacking as the engine loads (SEMIF_REPACK): off, every process reads the
+        # one mmap'ed copy of the weights.
+        repack = repack_choice(settings.repack).on
+        args = with_defaults(settings.llama_server_args, plan.llama_server, repack)
         server = LlamaServer(binary, settings.model_path, settings.upstream_port, args, supervision)
         app[LLAMA] = server  # state "stopped"/"starting": /ping says 503 until it is healthy
         servers.append(server)
@@ -136,7 +140,7 @@ async def llama_ctx(app: web.Application) -> AsyncIterator[None]:
         policy.attach(server=server)
         if policy.second_server:
             # The same model file: the weights are mmap'ed once; each has its own KV cache.
-            split_args = with_defaults(settings.llama_server_args, plan.llama_server_split)
+            split_args = with_defaults(settings.llama_server_args, plan.llama_server_split, repack)
             assert settings.second_upstream_port is not None  # planned only with a port
             split = LlamaServer(
                 binary, settings.model_path, settings.second_upstream_port, split_args, supervision

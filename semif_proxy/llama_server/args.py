@@ -20,10 +20,12 @@ log = logging.getLogger("semif_proxy.settings")
 
 PREFIX = "SM_LLAMA_CPP_"
 # Read by the proxy itself (settings.py), never forwarded: the model file, where models live,
-# the public port, and the API key. The key is the proxy's own (when SEMIF_API_KEY is unset):
-# llama-server listens on loopback only and every call reaches it through the proxy, which
-# checks the key; a key of llama-server's own would only make it refuse the proxy's calls.
-READ_BY_PROXY = frozenset({"MODEL", "MODEL_DIR", "PORT", "API_KEY"})
+# the public port, the API key and weight repacking. The key is the proxy's own (when
+# SEMIF_API_KEY is unset): llama-server listens on loopback only and every call reaches it
+# through the proxy, which checks the key; a key of llama-server's own would only make it
+# refuse the proxy's calls. Repacking is SEMIF_REPACK's alias: the engine and every llama-server
+# obey it together (with_defaults adds --no-repack).
+READ_BY_PROXY = frozenset({"MODEL", "MODEL_DIR", "PORT", "API_KEY", "REPACK"})
 # Set, but not forwarded, with a warning: llama-server must stay on loopback, behind the key.
 IGNORED = {
     "HOST": "llama-server listens on 127.0.0.1 only, behind the proxy; the public address is "
@@ -51,6 +53,8 @@ PROXY_FLAGS = {
     "--api-key-file": "the proxy checks the API key (SEMIF_API_KEY)",
     "--ssl-key-file": "the proxy speaks plain HTTP to llama-server on loopback",
     "--ssl-cert-file": "the proxy speaks plain HTTP to llama-server on loopback",
+    "--repack": "weight repacking is SEMIF_REPACK (or SM_LLAMA_CPP_REPACK): on, off or auto, "
+    "set for the engine and llama-server together",
     "--help": _EXITS,
     "--version": _EXITS,
     "--completion-bash": _EXITS,
@@ -200,16 +204,20 @@ def llama_server_args(env: Mapping[str, str], configured: Path | None) -> list[s
     return _map(items, table)
 
 
-def with_defaults(args: Sequence[str], threads: int | None) -> list[str]:
+def with_defaults(args: Sequence[str], threads: int | None, repack: bool = True) -> list[str]:
     """The operator's arguments plus what the proxy chooses where the operator did not:
     - threads from the CPU plan (cpu/plan.py);
+    - `--no-repack` when SEMIF_REPACK resolves to off (settings.repack_choice), as the engine
+      loads: the weights then stay in the mmap'ed file every process shares;
     - flash attention off, as in the engine. Then the same prompt gives the same next-token
       distribution through /completion as through a decision (with it on, llama.cpp's CPU
       kernels sum attention in another order: up to 0.06 apart in probability), and prompt
-      processing was as fast either way on the CPU (README, Benchmarks)."""
+      processing was as fast either way on the CPU (docs/benchmarks.md)."""
     out = list(args)
     if threads is not None and not any(a in ("--threads", "-t") for a in out):
         out += ["--threads", str(threads)]
     if not any(a in ("--flash-attn", "-fa") for a in out):
         out += ["--flash-attn", "off"]
+    if not repack and not any(a in ("--no-repack", "-nr") for a in out):
+        out.append("--no-repack")
     return out
