@@ -230,8 +230,8 @@ class Settings(BaseModel):
         """The engine's tokens per llama_decode call. On the CPU, under `dynamic` sharing, a chat
         preempts the call in progress and its work so far is lost: 256 bounds that loss while a
         prompt of up to 256 tokens still goes in one call, as llama-server's would (shorter
-        calls cost a few per cent at ~200 tokens here, docs/operations.md, "CPU sharing"). The GPU wants big
-        ones, and shares no cores."""
+        calls cost a few per cent at ~200 tokens here: docs/operations.md, "CPU sharing"). The
+        GPU wants big ones, and shares no cores."""
         wanted = self.n_ubatch or (UBATCH_GPU if self.n_gpu_layers else UBATCH_CPU)
         return min(wanted, self.n_batch)
 
