@@ -72,11 +72,16 @@ def engine(model_path: Path) -> native.Engine:
 
 @contextlib.contextmanager
 def running_llama_server(model: Path, ctx_size: int = 2048) -> Iterator[str]:
-    """A real llama-server (loopback, free port) set up like our engine: flash attention off,
-    so its next-token distribution can be compared with ours."""
+    """A real llama-server (loopback, free port) set up like our engine: flash attention off
+    and the engine's weight layout (SEMIF_REPACK's default on this machine: a repacked Q4_K
+    model computes slightly different numbers), so its next-token distribution can be compared
+    with ours."""
     import asyncio
 
     from semif_proxy.llama_server.supervisor import LlamaServer
+    from semif_proxy.settings import repack_choice
+
+    layout = [] if repack_choice("auto").on else ["--no-repack"]
 
     binary = native.llama_server_path()
     assert binary is not None
@@ -96,6 +101,7 @@ def running_llama_server(model: Path, ctx_size: int = 2048) -> Iterator[str]:
             "off",
             "--n-gpu-layers",
             str(GPU_LAYERS),
+            *layout,
         ],
     )
     loop.run_until_complete(server.start())
