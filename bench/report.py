@@ -943,7 +943,11 @@ def docs_markdown() -> str:
         body += ["## Files not shown here", ""]
         for name in rest:
             why = NOT_SHOWN.get(name, "not read by this report")
-            if name.endswith(".md"):
+            if name.startswith("eval-"):
+                why = "its reliability diagram is docs/img/eval-reliability.png (docs/eval.md)"
+            elif name.startswith(("memory-", "repack-")):
+                why = "docs/memory.md (`python -m bench.memory --table`)"
+            elif name.endswith(".md"):
                 why = "a hand-written note of an earlier run"
             elif name.endswith(".png"):
                 why = "a plot of its suite's own run"
@@ -1097,6 +1101,32 @@ def _plots(img: Path) -> None:
     fig.savefig(img / "accuracy.png", **save)
     plt.close(fig)
 
+    # The eval reliability diagram: each bin's accuracy against its mean confidence, with the
+    # rows it holds (a bin of two rows says little), from `semif-proxy eval`'s results.
+    fig, ax = plt.subplots(figsize=(5.2, 4.6))
+    ax.plot([0, 1], [0, 1], "--", color="grey", label="perfect calibration")
+    for path in sorted(RESULTS.glob("eval-*.json")):
+        data = json.loads(path.read_text())
+        for target in data["targets"]:
+            points = [b for b in target["metrics"]["reliability"] if b["rows"]]
+            xs = [b["confidence"] for b in points]
+            ys = [b["accuracy"] for b in points]
+            m = target["metrics"]
+            label = f"{path.stem}: {m['correct']}/{m['answered']}, ECE {m['ece']:.3f}"
+            ax.plot(xs, ys, "o-", label=label)
+            for b, x, y in zip(points, xs, ys):
+                ax.annotate(str(b["rows"]), (x, y), textcoords="offset points", xytext=(4, 4))
+    ax.set_xlim(0, 1)
+    ax.set_ylim(0, 1)
+    ax.set_xlabel("confidence (probability of the answer), 10 bins")
+    ax.set_ylabel("accuracy")
+    ax.set_title("Reliability of semif-proxy eval (rows per bin beside each point)")
+    ax.legend(fontsize=7, loc="upper left")
+    ax.grid(True, alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(img / "eval-reliability.png", **save)
+    plt.close(fig)
+
 
 def write_docs(root: Path, plots: bool = True) -> list[Path]:
     """docs/benchmarks.md, its plots, and the generated blocks of README.md and
@@ -1121,7 +1151,9 @@ def write_docs(root: Path, plots: bool = True) -> list[Path]:
         img = root / IMG
         img.mkdir(parents=True, exist_ok=True)
         _plots(img)
-        written += [img / n for n in ("floor.png", "shared.png", "accuracy.png")]
+        written += [
+            img / n for n in ("floor.png", "shared.png", "accuracy.png", "eval-reliability.png")
+        ]
     return written
 
 

@@ -230,8 +230,18 @@ def test_bad_parameters_are_refused_before_any_call(changes: dict, message: str)
 
 
 def test_scaling_check_alone() -> None:
-    scaling.check(Scaling(0, 1, target_backlog=1), asynchronous=True)
-    scaling.check(Scaling(2, 2), asynchronous=False)
+    """The edges of what the check accepts: each accepted setting next to the one step past
+    it that it refuses (scaling to zero is for async endpoints only; a fixed count needs no
+    target; a range needs one)."""
+    assert scaling.check(Scaling(0, 1, target_backlog=1), asynchronous=True) is None
+    with pytest.raises(DeployError, match="only --async endpoints scale to zero"):
+        scaling.check(Scaling(0, 1, target_invocations=1), asynchronous=False)
+    assert scaling.check(Scaling(2, 2), asynchronous=False) is None
+    with pytest.raises(DeployError, match="needs --target-invocations"):
+        scaling.check(Scaling(2, 3), asynchronous=False)
+    assert scaling.check(Scaling(1, 3, target_invocations=0.5), asynchronous=False) is None
+    with pytest.raises(DeployError, match="must be greater than 0"):
+        scaling.check(Scaling(1, 3, target_invocations=0), asynchronous=False)
 
 
 @pytest.fixture

@@ -8,7 +8,7 @@ from __future__ import annotations
 import importlib.util
 import io
 import json
-from collections import Counter, defaultdict
+from collections import Counter
 from pathlib import Path
 
 import boto3
@@ -185,7 +185,31 @@ def test_every_good_row_is_answered_by_every_target(run):
             assert a["input_tokens"] > 0 and a["seconds"] > 0
 
 
-def test_metrics_match_a_hand_computation(run):
+def test_metric_functions_at_reference_points():
+    """Each metric on a hand-made case whose value is worked out by hand here."""
+    from semif_proxy.calibration.temperature import ece
+    from semif_proxy.eval.metrics import balanced_accuracy, reliability
+
+    # Recall per expected label: a 2/3, b 0 -> 1/3 (plain accuracy would say 1/2).
+    assert balanced_accuracy(["a", "a", "a", "b"], [True, True, False, False]) == pytest.approx(
+        1 / 3
+    )
+    # Always the majority label of three: 1/3 whatever the share of the majority.
+    assert balanced_accuracy(["a"] * 8 + ["b", "c"], [True] * 8 + [False] * 2) == pytest.approx(
+        1 / 3
+    )
+    # Bins [0.9, 1.0]: 0.95 right and 0.95 wrong (gap 0.45, weight 1/2); [0.5, 0.6): 0.55 right
+    # (gap 0.45, weight 1/4); [0.1, 0.2): 0.15 right (gap 0.85, weight 1/4) -> 0.55.
+    conf, hit = [0.95, 0.95, 0.55, 0.15], [True, False, True, True]
+    assert ece(conf, hit) == pytest.approx(0.55)
+    points = reliability([*conf, 1.0], [*hit, True])
+    assert [b["rows"] for b in points] == [0, 1, 0, 0, 0, 1, 0, 0, 0, 3]  # 1.0 in the last bin
+    assert points[9]["accuracy"] == pytest.approx(2 / 3)
+    assert points[9]["confidence"] == pytest.approx((0.95 + 0.95 + 1.0) / 3)
+    assert ece([0.7] * 10, [True] * 7 + [False] * 3) == pytest.approx(0.0)  # calibrated
+
+
+def test_run_metrics_count_every_answered_row(run):
     results = run["results"]
     for t in results["targets"]:
         name, m = t["name"], t["metrics"]
@@ -194,22 +218,8 @@ def test_metrics_match_a_hand_computation(run):
         assert [a["correct"] for _, a in answers] == correct
         assert m["correct"] == sum(correct)
         assert m["accuracy"] == pytest.approx(sum(correct) / 8)
-        per_label = defaultdict(list)
-        for (e, _), c in zip(answers, correct):
-            per_label[e].append(c)
-        balanced = sum(sum(v) / len(v) for v in per_label.values()) / len(per_label)
-        assert m["balanced_accuracy"] == pytest.approx(balanced)
-        # ECE over 10 equal bins, [0.9, 1.0] closed.
-        conf = [max(a["probabilities"].values()) for _, a in answers]
-        bins = defaultdict(list)
-        for p, c in zip(conf, correct):
-            bins[min(int(p * 10), 9)].append((p, c))
-        ece = sum(
-            len(b) / 8 * abs(sum(c for _, c in b) / len(b) - sum(p for p, _ in b) / len(b))
-            for b in bins.values()
-        )
-        assert m["ece"] == pytest.approx(ece)
-        assert [b["rows"] for b in m["reliability"]] == [len(bins.get(i, [])) for i in range(10)]
+        assert 0.0 <= m["balanced_accuracy"] <= 1.0 and 0.0 <= m["ece"] <= 1.0
+        assert sum(b["rows"] for b in m["reliability"]) == m["answered"] == 8
         # The confusion table counts every answered row once, on its (expected, answered) cell.
         labels, matrix = m["confusion"]["labels"], m["confusion"]["matrix"]
         assert len(labels) <= CONFUSION_LABELS + 1
