@@ -182,9 +182,32 @@ def decision_engine(model_path: Path):
     engine.close()
 
 
+# The longest files (over half a minute each on 2 cores), handed out first: `make test` gives
+# the two workers whole files in collection order, and a long file handed out last leaves one
+# worker idle while the other finishes it.
+LONG_FIRST = (
+    "test_robustness.py",
+    "test_packaging.py",
+    "test_native.py",
+    "test_engine.py",
+    "test_sagemaker.py",
+    "test_eval_resume.py",
+    "test_playground.py",
+    "test_one_answer.py",
+    "test_systemone_batch.py",
+    "test_systemone.py",
+    "test_server.py",
+    "test_batch_transform.py",
+    "test_decide_cli.py",
+)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The GPU check's adjustments (tests/helpers/gpu_run.py): SmolLM2-only tests skipped on a
-    generated model, CPU-speed premises xfail with offload. Nothing without its variables."""
+    """Long files first (LONG_FIRST), each file's tests kept in their order; then the GPU
+    check's adjustments (tests/helpers/gpu_run.py): SmolLM2-only tests skipped on a generated
+    model, CPU-speed premises xfail with offload. Nothing without their variables."""
     from tests.helpers import gpu_run
 
+    rank = {name: i for i, name in enumerate(LONG_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(LONG_FIRST)))  # stable
     gpu_run.adjust(items)
