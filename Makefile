@@ -125,13 +125,15 @@ browser:
 	    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
 	  else echo "browser: chromium missing and not root; the playground tests will fail (apt-get install chromium)" >&2; fi; }
 
-# Two parts: most tests in two workers (each test's servers run on one thread, so two of them
-# share the two cores), one file per worker so that a module's server is started once; then the
-# `serial` ones alone (they measure CPU use or timing, or take both cores).
+# Two parts: most tests in two workers, one file per worker so that a module's server is
+# started once; then the `serial` ones alone (they measure CPU use or timing, or take both
+# cores). In the first part OpenMP's threads sleep at a barrier instead of spinning: two
+# workers' llama.cpp threads on two cores would otherwise wait for a descheduled peer at every
+# graph node (a 3-token chat took 9 s instead of 0.1 s). The serial part runs as deployed.
 TEST_WORKERS ?= 2
 test-cpu: build model browser
-	SEMIF_TEST_MODEL=$(MODEL) $(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile \
-	  -m "not slow and not serial" $(PYTEST_ARGS)
+	SEMIF_TEST_MODEL=$(MODEL) OMP_WAIT_POLICY=passive $(PY) -m pytest -n $(TEST_WORKERS) \
+	  --dist loadfile -m "not slow and not serial" $(PYTEST_ARGS)
 	SEMIF_TEST_MODEL=$(MODEL) $(PY) -m pytest -m "not slow and serial" $(PYTEST_ARGS)
 
 test-slow: build model model-qwen model-qwen15

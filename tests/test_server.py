@@ -193,6 +193,7 @@ def test_streamed_chat_arrives_in_chunks(proxy: ProxyProcess) -> None:
     assert b"[DONE]" not in b"".join(reads[: first + 1])
 
 
+@pytest.mark.timeout(300)  # 80 calls; what is checked is their status, not their speed
 def test_a_chat_right_after_a_streamed_one_is_answered(
     model_path: Path, start_proxy: StartProxy
 ) -> None:
