@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from semif_proxy.api import decisions, shapes, systemone
+from semif_proxy.api import decisions, systemone
 
 if TYPE_CHECKING:
     from semif_proxy.engine.worker import DecisionEngine
@@ -88,12 +88,3 @@ SERVICES: dict[str, Service] = {"decisions": Decisions(), "systemone": SystemOne
 def for_shape(shape: str | None) -> Service | None:
     """The service for a body shape (shapes.request_shape); None for chat and the unknown."""
     return SERVICES.get(shape or "")
-
-
-def for_body(body: dict[str, Any]) -> Service:
-    """The service a decision or System One body is for; a 400 naming the accepted shapes
-    for any other body (chat included: callers that serve chat look at the shape first)."""
-    service = for_shape(shapes.request_shape(body))
-    if service is None:
-        raise shapes.unrecognised(body)
-    return service

@@ -38,7 +38,9 @@ async def invocations(request: web.Request) -> web.StreamResponse:
     if shape == "chat":
         async with chat_queue.slot(remaining(request)):
             return await proxy.forward(request, raw, "/v1/chat/completions")
-    service = services.for_body(body)
+    service = services.for_shape(shape)  # the shape is read once, above
+    if service is None:
+        raise shapes.unrecognised(body)
     if service.name == "systemone":
         request[systemone.SYSTEM_ONE] = True
     engine = engine_job.require_engine(request)
