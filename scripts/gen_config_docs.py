@@ -1,9 +1,9 @@
 """docs/configuration.md (and README.md's short settings table) from the settings' own table.
 
 Everything here is read from the code, so the page cannot drift from it:
-- semif_proxy/settings.py: the `Settings` fields (defaults, types, bounds), the comment lines
-  above each field (and the one at its end) as its description, and `_ENV` (field ->
-  environment variable and its aliases, the first one set wins);
+- semif_proxy/settings/: the `Settings` fields (schema.py: defaults, types, bounds), the
+  comment lines above each field (and the one at its end) as its description, and `ENV_VARS`
+  (env.py: field -> environment variable and its aliases, the first one set wins);
 - semif_proxy/llama_server/args.py: the SM_LLAMA_CPP_* pass-through (prefix, variables the
   proxy reads itself, ignored and refused ones, flags the proxy owns);
 - semif_proxy/entrypoint.py: the image's own defaults;
@@ -58,7 +58,7 @@ FIRST_TEN = (
 )
 
 # For a variable whose field (or read) carries no comment in the code: "what", its description.
-# Moving it into settings.py as a comment above the field makes the note redundant (the test
+# Moving it into settings/schema.py as a comment above the field makes the note redundant (the test
 # says so). "lead" and "more": a sentence put before and after the code's own comment.
 NOTES: dict[str, dict[str, str]] = {
     "LLAMA_CPP_UPSTREAM_PORT": {
@@ -306,29 +306,30 @@ def mentioned_anywhere(package: Path = PACKAGE) -> set[str]:
 
 
 def _settings_comments() -> tuple[dict[str, str], dict[str, str]]:
-    """Settings field -> its comment; _ENV field -> the comment above its entry."""
-    path = PACKAGE / "settings.py"
-    source = path.read_text()
-    tree = ast.parse(source)
-    lines = source.splitlines()
-    comments, only = _comments(source)
+    """Settings field -> its comment (settings/schema.py); ENV_VARS field -> the comment above
+    its entry (settings/env.py)."""
     fields: dict[str, str] = {}
     env: dict[str, str] = {}
-    for node in tree.body:
-        if isinstance(node, ast.ClassDef) and node.name == "Settings":
-            for item in node.body:
-                if isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name):
-                    text = _block_above(lines, only, comments, item.lineno)
-                    inline = comments.get(item.end_lineno or item.lineno)
-                    if inline and (item.end_lineno or item.lineno) not in only:
-                        text = f"{text} {inline}".strip()
-                    fields[item.target.id] = text
-        target = node.target if isinstance(node, ast.AnnAssign) else None
-        if isinstance(target, ast.Name) and target.id == "_ENV":
-            assert isinstance(node, ast.AnnAssign) and isinstance(node.value, ast.Dict)
-            for key in node.value.keys:
-                if isinstance(key, ast.Constant):
-                    env[key.value] = _block_above(lines, only, comments, key.lineno)
+    for name in ("schema.py", "env.py"):
+        source = (PACKAGE / "settings" / name).read_text()
+        tree = ast.parse(source)
+        lines = source.splitlines()
+        comments, only = _comments(source)
+        for node in tree.body:
+            if isinstance(node, ast.ClassDef) and node.name == "Settings":
+                for item in node.body:
+                    if isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name):
+                        text = _block_above(lines, only, comments, item.lineno)
+                        inline = comments.get(item.end_lineno or item.lineno)
+                        if inline and (item.end_lineno or item.lineno) not in only:
+                            text = f"{text} {inline}".strip()
+                        fields[item.target.id] = text
+            target = node.target if isinstance(node, ast.AnnAssign) else None
+            if isinstance(target, ast.Name) and target.id == "ENV_VARS":
+                assert isinstance(node, ast.AnnAssign) and isinstance(node.value, ast.Dict)
+                for key in node.value.keys:
+                    if isinstance(key, ast.Constant):
+                        env[key.value] = _block_above(lines, only, comments, key.lineno)
     return fields, env
 
 
@@ -378,7 +379,7 @@ def settings_rows() -> list[Row]:
 
     fields, env_comments = _settings_comments()
     model_fields = settings.Settings.model_fields
-    # settings.py's own constants named in a comment get their value beside them.
+    # The settings' own constants (settings/defaults.py) named in a comment get their value.
     constants = {
         name: value
         for name, value in vars(settings).items()
@@ -391,7 +392,7 @@ def settings_rows() -> list[Row]:
         return text
 
     rows = []
-    for fname, (var, aliases) in settings._ENV.items():
+    for fname, (var, aliases) in settings.env.ENV_VARS.items():
         info = model_fields[fname]
         what = fields.get(fname, "")
         notes = NOTES.get(var, {})
@@ -404,9 +405,9 @@ def settings_rows() -> list[Row]:
                 var=var,
                 aliases=aliases,
                 default=_default(info.default),
-                kind=_kind(fname, info, settings._BOOLS),
+                kind=_kind(fname, info, settings.env.BOOL_FIELDS),
                 what=what,
-                where=["semif_proxy/settings.py"],
+                where=["semif_proxy/settings/env.py"],
             )
         )
     return rows
@@ -495,7 +496,7 @@ def render() -> str:
     lines = [
         "# Configuration",
         "",
-        "<!-- Generated by scripts/gen_config_docs.py from semif_proxy/settings.py, "
+        "<!-- Generated by scripts/gen_config_docs.py from semif_proxy/settings/, "
         "semif_proxy/llama_server/args.py and the package's source; edit those, then run "
         "`make docs`. -->",
         "",

@@ -34,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     defaults = {**IMAGE_DEFAULTS, **(SAGEMAKER_DEFAULTS if args == ["serve"] else {})}
     for name, value in defaults.items():
-        # Set but blank counts as unset (settings.py reads a blank variable as unset too).
+        # Set but blank counts as unset (settings/env.py reads a blank variable as unset too).
         if not os.environ.get(name, "").strip():
             os.environ[name] = value
     from semif_proxy.cli import main as cli_main

@@ -1,7 +1,7 @@
 """The command line's conventions, on the real `semif-proxy` process: --version; a usage mistake
 is one line on stderr and exit 2 (argparse's and the commands' own, the deploy commands'
 included, all before any AWS call); every flag has help that shows its default; `serve --help`
-lists the settings from settings.py's own table."""
+lists the settings from the settings' own table (settings/env.py)."""
 
 from __future__ import annotations
 
@@ -85,7 +85,7 @@ def test_serve_help_lists_the_settings_with_their_defaults() -> None:
     out = cli("serve", "--help")
     assert out.returncode == 0
     fields = settings_module.Settings.model_fields
-    table = settings_module._ENV
+    table = settings_module.env.ENV_VARS
     assert len(table) > 30
     for field, (var, fallbacks) in table.items():
         line = next((x for x in out.stdout.splitlines() if x.split()[:1] == [var]), None)

@@ -20,6 +20,7 @@ from moto import mock_aws
 
 from semif_proxy.cli import main
 from semif_proxy.deploy import endpoint, image, package
+from semif_proxy.deploy.deployment import Deployment
 from semif_proxy.deploy.errors import DeployError
 from semif_proxy.model.files import MANIFEST_NAME, file_sha256, model_sha256
 
@@ -267,7 +268,7 @@ NOW = datetime(2026, 3, 1, 12, 30, 45, 123456, tzinfo=timezone.utc)
 STAMPED = "semif-ep-20260301-123045-123"  # the model and config a deploy at NOW makes
 
 
-def deployment(**changes: Any) -> endpoint.Deployment:
+def deployment(**changes: Any) -> Deployment:
     base = {
         "name": "semif-ep",
         "image": "123456789012.dkr.ecr.us-east-1.amazonaws.com/semif-proxy@sha256:" + "b" * 64,
@@ -278,7 +279,7 @@ def deployment(**changes: Any) -> endpoint.Deployment:
         # moto's instance-type list predates c6i (the CLI default); c5 passes its validation.
         "instance_type": "ml.c5.xlarge",
     }
-    return endpoint.Deployment(**{**base, **changes})
+    return Deployment(**{**base, **changes})
 
 
 def test_deploy_invoke_delete() -> None:
@@ -368,7 +369,7 @@ def test_deploy_command_needs_a_role(
     assert "--role or set SEMIF_SAGEMAKER_ROLE" in capsys.readouterr().err
     assert main([*args, "--role", ROLE, "--env", "BROKEN"]) == 2
     assert "KEY=VALUE" in capsys.readouterr().err
-    assert endpoint.Deployment("n", "i", "m", ROLE).instance_type == "ml.c6i.xlarge"
+    assert Deployment("n", "i", "m", ROLE).instance_type == "ml.c6i.xlarge"
     args += ["--instance-type", "ml.c5.xlarge"]
     assert main([*args, "--role", ROLE, "--gpu-layers", "10"]) == 0
     first, names = capsys.readouterr().out.splitlines()

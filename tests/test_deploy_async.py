@@ -122,7 +122,7 @@ def test_invoke_command_refuses_flags(
     def no_client(*_: object) -> None:
         raise AssertionError("refused flags must not reach AWS")
 
-    monkeypatch.setattr("semif_proxy.deploy.cli._client", no_client)
+    monkeypatch.setattr("semif_proxy.deploy.actions._client", no_client)
     request = tmp_path / "request.json"
     request.write_bytes(BODY)
     args = ["invoke", "--endpoint", "semif-ep", "--body", str(request)]

@@ -200,7 +200,7 @@ def test_batch_command_refuses_half_a_model(
     def no_client(*_: object) -> None:
         raise AssertionError("refused flags must not reach AWS")
 
-    monkeypatch.setattr("semif_proxy.deploy.cli._client", no_client)
+    monkeypatch.setattr("semif_proxy.deploy.actions._client", no_client)
     monkeypatch.delenv("SEMIF_SAGEMAKER_ROLE", raising=False)
     args = ["batch", "--input", "s3://d/in/", "--output", "s3://d/out/", "--model-name", "m"]
     assert main([*args, "--image", deployment().image]) == 2

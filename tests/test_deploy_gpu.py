@@ -151,7 +151,7 @@ def test_deploy_command_refuses_a_mismatch(
     def no_client(*_: object) -> None:
         raise AssertionError("refused flags must not reach AWS")
 
-    monkeypatch.setattr("semif_proxy.deploy.cli._client", no_client)
+    monkeypatch.setattr("semif_proxy.deploy.actions._client", no_client)
     args = ["deploy", "--image", deployment().image, "--model-data", "s3://m/model.tar.gz"]
     args += ["--role", ROLE]
     assert main([*args, "--instance-type", "ml.g5.xlarge"]) == 2

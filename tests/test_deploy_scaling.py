@@ -249,7 +249,7 @@ def no_aws(monkeypatch: pytest.MonkeyPatch) -> None:
     def no_client(*_: object) -> None:
         raise AssertionError("refused flags must not reach AWS")
 
-    monkeypatch.setattr("semif_proxy.deploy.cli._client", no_client)
+    monkeypatch.setattr("semif_proxy.deploy.actions._client", no_client)
 
 
 DEPLOY = ["deploy", "--image", deployment().image, "--model-data", "s3://m/model.tar.gz"]

@@ -20,6 +20,7 @@ from moto.sagemaker.models import sagemaker_backends
 
 from semif_proxy.cli import main
 from semif_proxy.deploy import endpoint
+from semif_proxy.deploy.deployment import variant as production_variant
 from semif_proxy.deploy.errors import DeployError
 from semif_proxy.deploy.scaling import Scaling
 from tests.test_deploy import (  # noqa: F401 (aws: autouse)
@@ -159,7 +160,7 @@ def test_an_old_model_another_config_uses_is_kept(session: boto3.session.Session
     FakeUpdate(session)
     sm = boto3.client("sagemaker")
     endpoint.deploy(sm, deployment(), now=NOW)
-    variant = endpoint.variant(deployment(), STAMPED)
+    variant = production_variant(deployment(), STAMPED)
     sm.create_endpoint_config(EndpointConfigName="semif-ep-canary", ProductionVariants=[variant])
     desc = endpoint.deploy(sm, deployment(), now=LATER)
     assert desc["Removed"] == [f"endpoint config {STAMPED}"]
@@ -174,7 +175,7 @@ def test_an_endpoint_deployed_before_names_were_stamped(session: boto3.session.S
     sm = boto3.client("sagemaker")
     d = deployment()
     sm.create_model(ModelName="semif-ep", ExecutionRoleArn=ROLE, PrimaryContainer={"Image": "i"})
-    variants = [endpoint.variant(d, "semif-ep")]
+    variants = [production_variant(d, "semif-ep")]
     sm.create_endpoint_config(EndpointConfigName="semif-ep", ProductionVariants=variants)
     sm.create_endpoint(EndpointName="semif-ep", EndpointConfigName="semif-ep")
     desc = endpoint.deploy(sm, d, now=LATER)

@@ -66,8 +66,8 @@ def test_every_variable_has_a_description(gen: ModuleType) -> None:
     main, others = gen.all_rows()
     bare = [r.var for r in (*main, *others) if not r.what.strip()]
     assert not bare, (
-        f"no description for {bare}: add a comment above the field in semif_proxy/settings.py "
-        "(or where it is read)"
+        f"no description for {bare}: add a comment above the field in "
+        "semif_proxy/settings/schema.py (or where it is read)"
     )
 
 
@@ -77,13 +77,13 @@ def test_the_generator_notes_are_still_needed(gen: ModuleType) -> None:
     from semif_proxy import settings
 
     fields, _ = gen._settings_comments()
-    by_var = {var: field for field, (var, _aliases) in settings._ENV.items()}
+    by_var = {var: field for field, (var, _aliases) in settings.env.ENV_VARS.items()}
     anywhere = gen.mentioned_anywhere() | {var for var in by_var}
     for var, note in gen.NOTES.items():
         assert var in anywhere or var in gen.mentions(), f"NOTES[{var!r}]: no such variable"
         if "what" in note and var in by_var:
             assert not fields.get(by_var[var]), (
-                f"NOTES[{var!r}]['what']: settings.py now comments the field; drop the note"
+                f"NOTES[{var!r}]['what']: settings/schema.py now comments the field; drop the note"
             )
     for var in gen.FIRST_TEN:
         assert var in anywhere or var in gen.mentions(), f"FIRST_TEN: {var} is gone"

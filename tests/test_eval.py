@@ -18,14 +18,11 @@ from botocore.stub import Stubber
 
 from semif_proxy import cli
 from semif_proxy.eval import report as eval_report
+from semif_proxy.eval.open_target import open_target
 from semif_proxy.eval.runner import CONFUSION_LABELS, OTHER, evaluate, read_rows
-from semif_proxy.eval.targets import (
-    Answer,
-    Failure,
-    SageMakerTarget,
-    UrlTarget,
-    open_target,
-)
+from semif_proxy.eval.sagemaker_target import SageMakerTarget
+from semif_proxy.eval.targets import Answer, Failure
+from semif_proxy.eval.url_target import UrlTarget
 from semif_proxy.testing.server import ProxyProcess
 
 KEY = "eval-test-key"
@@ -411,7 +408,7 @@ def test_sagemaker_target_sends_the_body_to_invoke_endpoint(base_server, tmp_pat
 def test_local_target_failure_is_an_answer_not_a_crash(tmp_path):
     """A row the services refuse (here: a model name the server does not serve) comes back as
     the target's failure with the API's own error body."""
-    from semif_proxy.eval.targets import LocalTarget
+    from semif_proxy.eval.local_target import LocalTarget
 
     class Refusing:
         sha256 = "0" * 64

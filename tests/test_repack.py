@@ -61,7 +61,7 @@ def test_a_bad_value_names_the_variable(model_path: Path, var: str) -> None:
 
 
 def test_the_alias_is_the_proxys_not_a_raw_llama_server_flag(model_path: Path) -> None:
-    """Read by settings.py and never forwarded as `--repack off`; llama-server's own spellings
+    """Read by settings/env.py and never forwarded as `--repack off`; llama-server's own spellings
     of the switch are refused with the setting to use instead (the engine must load alike)."""
     settings = load_settings({"SM_LLAMA_CPP_REPACK": "off"}, model=str(model_path))
     assert settings.repack == "off" and settings.llama_server_args == ()

@@ -1,6 +1,6 @@
 """The one registry of decision services. Every caller that answers a decision or System One
 body (`POST /invocations`, a JSON Lines line, eval's in-process target, `semif-proxy decide`)
-finds its service here by the body's shape, and every service has the same shape:
+finds its service here by the body's shape (`find`), and every service has the same shape:
 
 - `plan(body, settings, sha256)` validates the body and builds its engine questions (off the
   engine thread; a 4xx `ApiError` for bad input);
@@ -13,10 +13,12 @@ Chat is no service here: the HTTP layer forwards it to llama-server.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from semif_proxy.api import decisions, systemone
+from semif_proxy.errors import InvalidRequest
 
 if TYPE_CHECKING:
     from semif_proxy.engine.worker import DecisionEngine
@@ -85,6 +87,34 @@ class SystemOne:
 SERVICES: dict[str, Service] = {"decisions": Decisions(), "systemone": SystemOne()}
 
 
-def for_shape(shape: str | None) -> Service | None:
-    """The service for a body shape (shapes.request_shape); None for chat and the unknown."""
-    return SERVICES.get(shape or "")
+# SageMaker has one route, so an /invocations body's keys say which API it is for.
+ACCEPTED = (
+    '{"messages": [...]} (chat), {"decision": {...}} or {"decisions": [...]} (decisions), '
+    '{"state": ..., "questions": {...}} (System One)'
+)
+
+
+def request_shape(body: dict[str, Any]) -> str | None:
+    """The API a body is for: "chat", "decisions", "systemone" or None."""
+    if "messages" in body:
+        return "chat"
+    if "decision" in body or "decisions" in body:
+        return "decisions"
+    if "state" in body and "questions" in body:
+        return "systemone"
+    return None
+
+
+def find(body: dict[str, Any]) -> Service | None:
+    """The service a body is for; None for chat (the HTTP layer forwards it to llama-server);
+    a 400 naming the accepted shapes for any other body."""
+    shape = request_shape(body)
+    if shape == "chat":
+        return None
+    if shape is None:
+        keys = sorted(body)[:10]
+        raise InvalidRequest(
+            f"unrecognised body (top-level keys {json.dumps(keys)}); accepted shapes: {ACCEPTED}",
+            field="body",
+        )
+    return SERVICES[shape]

@@ -45,7 +45,7 @@ class PositionPrior(BaseModel):
     (as `semif-proxy calibrate` writes them under `position_prior`). Each list is normalised
     here; only the ratios matter. `prompt_versions`: the prompt version (letters or numbers)
     the rows of each option count were asked with, where the rows said; a prior measured on
-    lettered prompts says nothing about numbered ones (settings.py refuses the mismatch)."""
+    lettered prompts says nothing about numbered ones (settings/env.py refuses the mismatch)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
     tables: dict[str, dict[int, tuple[float, ...]]] = {}

@@ -20,8 +20,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
     were bad or some answers failed; 2: nothing to run (no rows file, a target unusable, no
     valid row); 130: interrupted (the answers so far stay in the rows file: --resume)."""
     from semif_proxy.eval import report as eval_report
+    from semif_proxy.eval.open_target import open_target
     from semif_proxy.eval.runner import evaluate, exit_status, rows_log_path, summary
-    from semif_proxy.eval.targets import TargetError, open_target
+    from semif_proxy.eval.targets import TargetError
 
     configure_logging("WARNING")
     rows_file = Path(args.rows)

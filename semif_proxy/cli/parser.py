@@ -7,8 +7,9 @@ import argparse
 import textwrap
 from typing import Any, NoReturn
 
-from semif_proxy import settings as settings_table
+from semif_proxy.llama_server.args import PREFIX
 from semif_proxy.settings import Settings
+from semif_proxy.settings.env import ENV_VARS
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter):
@@ -76,7 +77,7 @@ def _shown_default(value: Any) -> str:
 
 
 def settings_epilog() -> str:
-    """`serve --help`'s list of the settings that configure it, from settings.py's own table
+    """`serve --help`'s list of the settings that configure it, from the settings' own table
     of environment variables and the Settings defaults."""
 
     def row(var: str, default: str, note: str = "") -> str:
@@ -87,11 +88,11 @@ def settings_epilog() -> str:
         row("SM_LLAMA_CPP_MODEL", "unset", "the GGUF (absolute, or in the model dir)"),
         row("SM_LLAMA_CPP_MODEL_DIR", "/opt/ml/model", "its first *.gguf when none is named"),
     ]
-    for field, (var, fallbacks) in settings_table._ENV.items():
+    for field, (var, fallbacks) in ENV_VARS.items():
         default = _shown_default(fields[field].default) if field in fields else "-"
         rows.append(row(var, default, f"or {', '.join(fallbacks)}" if fallbacks else ""))
     rows += [
-        row(f"{settings_table.PREFIX}<FLAG>", "-", "a llama-server flag (--<flag>), passed on"),
+        row(f"{PREFIX}<FLAG>", "-", "a llama-server flag (--<flag>), passed on"),
         row("SAGEMAKER_SAFE_PORT_RANGE", "unset", "where llama-server's loopback ports go"),
     ]
     return "\n".join(

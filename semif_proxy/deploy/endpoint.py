@@ -6,178 +6,29 @@ Every deploy makes a new model and endpoint config, both named <endpoint>-<UTC t
 The first creates the endpoint; a later one updates it in place (UpdateEndpoint: SageMaker
 starts the new fleet, moves the traffic, then stops the old one), waits for InService on the new
 config, and then deletes the config the endpoint had before and that config's model (unless an
-endpoint config named like the endpoint still uses it)."""
+endpoint config named like the endpoint still uses it).
+
+What is deployed, with the model and endpoint config it makes: deployment.py. Describing and
+deleting one resource: resources.py."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
 from semif_proxy import progress
-from semif_proxy.deploy import async_config, instances, model, names, scaling
-from semif_proxy.deploy.async_config import AsyncOutput
+from semif_proxy.deploy import model, names, scaling
+from semif_proxy.deploy.deployment import Deployment, check, endpoint_config
 from semif_proxy.deploy.errors import DeployError, aws_errors, poll
-from semif_proxy.deploy.names import VARIANT
-from semif_proxy.deploy.scaling import Scaling
-
-# Large GGUFs take minutes to download and load; SageMaker's defaults are shorter.
-MIN_TIMEOUT_S = 600
-ALL_LAYERS = 999  # SM_LLAMA_CPP_N_GPU_LAYERS with --gpu unless --gpu-layers says otherwise
-
-
-@dataclass(frozen=True)
-class Deployment:
-    name: str
-    image: str
-    model_data: str
-    role_arn: str
-    instance_type: str = "ml.c6i.xlarge"
-    instance_count: int = 1
-    gpu_layers: int | None = None
-    env: dict[str, str] = field(default_factory=dict)
-    startup_timeout: int = MIN_TIMEOUT_S
-    download_timeout: int = MIN_TIMEOUT_S
-    gpu: bool = False
-    inference_ami: str | None = None  # GPU only; default instances.DEFAULT_GPU_AMI
-    async_output: AsyncOutput | None = None  # set: an asynchronous endpoint
-    scaling: Scaling | None = None
-
-    def as_model(self, name: str | None = None) -> model.Model:
-        """The model to run, named `name` (deploy: its stamped name; default: the endpoint's)."""
-        layers = self.gpu_layers
-        if layers is None and self.gpu:
-            layers = ALL_LAYERS
-        return model.Model(
-            name or self.name, self.image, self.model_data, self.role_arn, layers, dict(self.env)
-        )
-
-
-def check(d: Deployment) -> None:
-    """Everything that can be refused without asking AWS."""
-    model.check(d.as_model())
-    if min(d.startup_timeout, d.download_timeout) < MIN_TIMEOUT_S:
-        raise DeployError(f"start-up and download timeouts must be at least {MIN_TIMEOUT_S}s")
-    instances.check(d.instance_type, d.gpu)
-    instances.inference_ami(d.instance_type, d.inference_ami)
-    if d.instance_count < 1:
-        raise DeployError(f"the instance count must be at least 1, got {d.instance_count}")
-    if d.async_output is not None:
-        async_config.check(d.async_output)
-    if d.scaling is not None:
-        scaling.check(d.scaling, asynchronous=d.async_output is not None)
-
-
-def initial_count(d: Deployment) -> int:
-    """With autoscaling, start at its minimum (at least 1: an async endpoint that may scale to
-    zero starts with one instance and scales in when idle)."""
-    return max(1, d.scaling.min_instances) if d.scaling else d.instance_count
-
-
-def variant(d: Deployment, model_name: str) -> dict[str, Any]:
-    out: dict[str, Any] = {
-        "VariantName": VARIANT,
-        "ModelName": model_name,
-        "InstanceType": d.instance_type,
-        "InitialInstanceCount": initial_count(d),
-        "ContainerStartupHealthCheckTimeoutInSeconds": d.startup_timeout,
-        "ModelDataDownloadTimeoutInSeconds": d.download_timeout,
-    }
-    ami = instances.inference_ami(d.instance_type, d.inference_ami)
-    if ami is not None:
-        out["InferenceAmiVersion"] = ami
-    return out
-
-
-def endpoint_config(d: Deployment, version: str) -> dict[str, Any]:
-    """The endpoint config named `version`, running the model of the same name."""
-    out: dict[str, Any] = {
-        "EndpointConfigName": version,
-        "ProductionVariants": [variant(d, version)],
-    }
-    if d.async_output is not None:
-        out["AsyncInferenceConfig"] = async_config.config(d.async_output)
-    return out
-
-
-def _not_found(exc: Any, what: str) -> bool:
-    """SageMaker's answer for a missing resource: ValidationException 'Could not find <what>'."""
-    return f"Could not find {what}" in exc.response.get("Error", {}).get("Message", "")
-
-
-def describe_endpoint(sagemaker: Any, name: str) -> dict[str, Any] | None:
-    """DescribeEndpoint's answer, or None when there is no such endpoint."""
-    from botocore.exceptions import ClientError
-
-    try:
-        return sagemaker.describe_endpoint(EndpointName=name)
-    except ClientError as exc:
-        if _not_found(exc, "endpoint"):
-            return None
-        with aws_errors(f"describe endpoint {name!r}"):
-            raise
-    raise AssertionError("unreachable")
-
-
-def describe_config(sagemaker: Any, name: str) -> dict[str, Any] | None:
-    """DescribeEndpointConfig's answer, or None when there is no such endpoint config."""
-    from botocore.exceptions import ClientError
-
-    try:
-        return sagemaker.describe_endpoint_config(EndpointConfigName=name)
-    except ClientError as exc:
-        if _not_found(exc, "endpoint config"):
-            return None
-        with aws_errors(f"describe endpoint config {name!r}"):
-            raise
-    raise AssertionError("unreachable")
-
-
-def config_models(config: dict[str, Any]) -> list[str]:
-    variants = config.get("ProductionVariants", []) + config.get("ShadowProductionVariants", [])
-    return list(dict.fromkeys(v["ModelName"] for v in variants if v.get("ModelName")))
-
-
-def models_in_use(sagemaker: Any, endpoint_name: str) -> dict[str, str]:
-    """{model: an endpoint config that names it} over the endpoint configs whose names contain
-    the endpoint's (every config deploy made for it; not the whole account, which may hold
-    thousands)."""
-    used: dict[str, str] = {}
-    with aws_errors(f"list endpoint configs named like {endpoint_name!r}"):
-        pages = sagemaker.get_paginator("list_endpoint_configs").paginate(
-            NameContains=endpoint_name
-        )
-        config_names = [c["EndpointConfigName"] for p in pages for c in p["EndpointConfigs"]]
-    for name in config_names:
-        config = describe_config(sagemaker, name)
-        for m in config_models(config or {}):
-            used.setdefault(m, name)
-    return used
-
-
-_DELETE = {
-    "endpoint": ("delete_endpoint", "EndpointName"),
-    "endpoint config": ("delete_endpoint_config", "EndpointConfigName"),
-    "model": ("delete_model", "ModelName"),
-}
-
-
-def delete_one(sagemaker: Any, what: str, name: str) -> bool:
-    """Delete the endpoint, endpoint config or model `name`; False when there is none."""
-    from botocore.exceptions import ClientError
-
-    method, arg = _DELETE[what]
-    try:
-        getattr(sagemaker, method)(**{arg: name})
-    except ClientError as exc:
-        if _not_found(exc, what):
-            return False
-        with aws_errors(f"delete {what} {name!r}"):
-            raise
-    return True
-
+from semif_proxy.deploy.resources import (
+    config_models,
+    delete_one,
+    describe_config,
+    describe_endpoint,
+    models_in_use,
+)
 
 # Endpoint states from which no update can start: in progress (wait), or Failed (delete).
 _BUSY = ("Creating", "Updating", "SystemUpdating", "RollingBack", "Deleting")

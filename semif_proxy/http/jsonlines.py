@@ -26,7 +26,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from semif_proxy.api import services, shapes
+from semif_proxy.api import services
 from semif_proxy.errors import (
     ApiError,
     Cancelled,
@@ -176,21 +176,16 @@ def _plan(raw: bytes, settings: Settings, sha256: str) -> tuple[str, Work]:
     body = parse_json(raw)
     if not isinstance(body, dict):
         raise InvalidRequest("the line must be a JSON object", field="body")
-    shape = shapes.request_shape(body)
-    service = services.for_shape(shape)
-    if service is not None:
-        check_prompts(body, shape, settings)
-        planned = service.plan(body, settings, sha256)
-        return _state_key(service.state(planned)), functools.partial(
-            service.answer, planned=planned
-        )
-    if shape == "chat":
+    service = services.find(body)
+    if service is None:
         raise InvalidRequest(
             "chat is not served in JSON Lines (a batch of generations would hold the engine "
             "and llama-server for minutes); send each chat as its own application/json request",
             field="messages",
         )
-    raise shapes.unrecognised(body)
+    check_prompts(body, service.name, settings)
+    planned = service.plan(body, settings, sha256)
+    return _state_key(service.state(planned)), functools.partial(service.answer, planned=planned)
 
 
 def plan_line(raw: bytes, number: int, settings: Settings, sha256: str) -> Line:

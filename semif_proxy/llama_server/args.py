@@ -19,7 +19,7 @@ from semif_proxy.llama_server.flags import Flag, FlagTable, HelpError, read_flag
 log = logging.getLogger("semif_proxy.settings")
 
 PREFIX = "SM_LLAMA_CPP_"
-# Read by the proxy itself (settings.py), never forwarded: the model file, where models live,
+# Read by the proxy itself (settings/env.py), never forwarded: the model file, where models live,
 # the public port, the API key and weight repacking. The key is the proxy's own (when
 # SEMIF_API_KEY is unset): llama-server listens on loopback only and every call reaches it
 # through the proxy, which checks the key; a key of llama-server's own would only make it
@@ -61,7 +61,7 @@ PROXY_FLAGS = {
     "--list-devices": _EXITS,
     "--cache-list": _EXITS,
 }
-# The words settings.py reads as on/off, plus llama.cpp's own (enabled/disabled). An empty
+# The words settings/env.py reads as on/off, plus llama.cpp's own (enabled/disabled). An empty
 # value is "on": the bare flag, as `SM_LLAMA_CPP_NO_MMAP=` always meant.
 TRUE = frozenset({"", "1", "true", "on", "yes", "enabled"})
 FALSE = frozenset({"0", "false", "off", "no", "disabled"})

@@ -4,7 +4,8 @@ dynamic): start, probe, restart, stop.
 A probe that succeeds makes the child healthy again; `unhealthy_after` failed probes in a row
 make it unhealthy; `max_failed_probes` in a row (a stalled or wedged child) get it killed and
 restarted; an exit gets it restarted with exponential backoff. Its output is read without pause,
-whatever its line lengths, so the pipe can never fill and block it.
+whatever its line lengths, so the pipe can never fill and block it (child.py: the process itself,
+spawned, drained and ended).
 """
 
 from __future__ import annotations
@@ -12,8 +13,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
-import signal
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -21,7 +20,7 @@ from pathlib import Path
 
 import aiohttp
 
-from semif_proxy.llama_server.output import LineReader
+from semif_proxy.llama_server import child
 from semif_proxy.settings import (
     LLAMA_BACKOFF_INITIAL_S,
     LLAMA_BACKOFF_MAX_S,
@@ -30,9 +29,6 @@ from semif_proxy.settings import (
 )
 
 log = logging.getLogger("semif_proxy.llama_server")
-child_log = logging.getLogger("semif_proxy.llama_server.output")
-
-READ_CHUNK = 64 * 1024
 
 
 class LlamaServerError(RuntimeError):
@@ -56,19 +52,6 @@ class Supervision:
     max_failed_probes: int = int(_default("max_failed_probes"))
     backoff_initial: float = LLAMA_BACKOFF_INITIAL_S
     backoff_max: float = LLAMA_BACKOFF_MAX_S
-
-
-def _die_with_parent() -> None:
-    # Linux: the child is killed when the proxy dies, even by SIGKILL; no orphans. SIGKILL,
-    # because a child the CPU slicer has just stopped would act on SIGTERM only once continued.
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        pr_set_pdeathsig = 1
-        libc.prctl(pr_set_pdeathsig, signal.SIGKILL)
-    except OSError:
-        pass
 
 
 class LlamaServer:
@@ -162,17 +145,8 @@ class LlamaServer:
         self.state = "stopped"
 
     async def _terminate(self, timeout: float) -> None:
-        proc = self.process
-        if proc and proc.returncode is None:
-            proc.terminate()
-            # A stopped child acts on SIGTERM only once it runs again.
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(proc.pid, signal.SIGCONT)
-            try:
-                await asyncio.wait_for(proc.wait(), timeout)
-            except asyncio.TimeoutError:
-                proc.kill()
-                await proc.wait()
+        if self.process:
+            await child.terminate(self.process, timeout)
         if self._pump_task:
             # The pump ends by itself at EOF; give it a moment to log the child's last words.
             with contextlib.suppress(asyncio.TimeoutError, asyncio.CancelledError):
@@ -184,52 +158,17 @@ class LlamaServer:
         self.state = "starting"
         self._healthy.clear()
         self.failed_probes = 0
-        self.process = await asyncio.create_subprocess_exec(
-            *self.argv(),
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.STDOUT,
-            preexec_fn=_die_with_parent,
-            env={**os.environ},
-        )
+        self.process = await child.spawn(self.argv())
         log.info(
             "llama-server started",
             extra={"event": "llama_server_start", "pid": self.process.pid, "argv": self.argv()},
         )
-        self._pump_task = asyncio.create_task(self._pump(self.process), name="llama-server-output")
+        self._pump_task = asyncio.create_task(
+            child.pump(self.process, self._count_cut_line), name="llama-server-output"
+        )
 
-    # -- output ------------------------------------------------------------------------------------
-
-    async def _pump(self, process: asyncio.subprocess.Process) -> None:
-        """Read the child's output until EOF. Nothing here may end the loop early: a reader that
-        stops leaves the pipe to fill, and then llama-server blocks on its next log line."""
-        assert process.stdout is not None
-        lines = LineReader()
-        while True:
-            try:
-                chunk = await process.stdout.read(READ_CHUNK)
-            except (OSError, ValueError) as exc:
-                log.warning("llama-server output unreadable", extra={"error": str(exc)})
-                chunk = b""
-            if not chunk:
-                for line, cut in lines.flush():
-                    self._emit(line, cut, process.pid)
-                return
-            for line, cut in lines.feed(chunk):
-                self._emit(line, cut, process.pid)
-
-    def _emit(self, raw: bytes, cut: bool, pid: int) -> None:
-        try:
-            text = raw.decode("utf-8", "replace").rstrip()
-            if not text:
-                return
-            extra: dict[str, object] = {"source": "llama-server", "pid": pid}
-            if cut:
-                self.output_lines_cut += 1
-                extra["line_cut"] = True  # the rest of this line was read and dropped
-            child_log.info(text, extra=extra)
-        except Exception:  # a log handler failing must not stop the pump
-            log.exception("could not log a llama-server output line")
+    def _count_cut_line(self) -> None:
+        self.output_lines_cut += 1
 
     # -- health ------------------------------------------------------------------------------------
 

@@ -9,7 +9,7 @@ import logging
 
 from aiohttp import web
 
-from semif_proxy.api import services, shapes
+from semif_proxy.api import services
 from semif_proxy.errors import InvalidRequest, Timeout, Unavailable
 from semif_proxy.http import engine_job, jsonlines
 from semif_proxy.http.bodies import read_json_object, read_limited
@@ -19,8 +19,8 @@ from semif_proxy.http.routes import proxy, systemone
 from semif_proxy.settings import JSON_LINES_PER_JOB
 
 log = logging.getLogger("semif_proxy.access")
-# Lines per engine job (settings.py says why); the engine keeps the state's prefix across jobs
-# unless another request's job replaced it.
+# Lines per engine job (settings/defaults.py says why); the engine keeps the state's prefix
+# across jobs unless another request's job replaced it.
 LINES_PER_JOB = JSON_LINES_PER_JOB
 
 
@@ -34,13 +34,10 @@ async def invocations(request: web.Request) -> web.StreamResponse:
     if decision_queue.full and chat_queue.full:
         decision_queue.refuse()
     body, raw = await read_json_object(request, settings.max_body_bytes)
-    shape = shapes.request_shape(body)
-    if shape == "chat":
+    service = services.find(body)  # None: chat
+    if service is None:
         async with chat_queue.slot(remaining(request)):
             return await proxy.forward(request, raw, "/v1/chat/completions")
-    service = services.for_shape(shape)  # the shape is read once, above
-    if service is None:
-        raise shapes.unrecognised(body)
     if service.name == "systemone":
         request[systemone.SYSTEM_ONE] = True
     engine = engine_job.require_engine(request)

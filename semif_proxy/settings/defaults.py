@@ -1,0 +1,38 @@
+"""Every default that no Settings field shows: limits, the engine's per-device batch, the
+automatic context, and the supervision and sharing constants no variable sets. The fields'
+own defaults are in schema.py; the native engine gets each of its values from these two places
+(its own C++ defaults serve direct callers such as tests)."""
+
+DEFAULT_MAX_BODY_BYTES = 6 << 20
+# The engine's default tokens per llama_decode call (SEMIF_UBATCH_SIZE), by device.
+UBATCH_CPU = 256
+UBATCH_GPU = 512
+# The engine's context when SEMIF_CTX_SIZE is unset: the model's training context, at most
+# this. 8,192 tokens hold a 255-option System One choice with one-line descriptions (about
+# 4,000 prompt tokens, its label tree and the alignment cells of its branches; tested), at a KV
+# cache of 8,192 x the model's bytes per token (SmolLM2-135M: 189 MB; Qwen2.5-1.5B: 235 MB).
+AUTO_CTX_MAX = 8192
+# A model whose header does not say its training context gets this.
+FALLBACK_CTX = 4096
+MIN_CTX = 64
+# Defaults no variable sets, kept with the rest:
+# - failed probes in a row before llama-server counts as unhealthy (one missed probe is not a
+#   stall: on a busy 2-core machine a /health call can miss its timeout while it generates);
+LLAMA_UNHEALTHY_AFTER = 2
+# - the restart backoff of an exited llama-server, first and longest (seconds);
+LLAMA_BACKOFF_INITIAL_S = 0.5
+LLAMA_BACKOFF_MAX_S = 30.0
+# - CPU sharing dynamic: how long chats wait for the second llama-server's chats to end before
+#   they join them (cpu/dynamic.py);
+CPU_DRAIN_GRACE_S = 5.0
+# - JSON Lines lines per engine job: a job holds the engine (and the CPU) until it ends, so a
+#   large group of one state is cut into jobs that other requests can run between.
+JSON_LINES_PER_JOB = 16
+# - how a decision or a System One question is read when it does not say (issue #35): its
+#   options' letters after the prompt; a continuation's normalisation (per token); no
+#   label-free bias correction. The API's `readout`, `normalization` and `bias_correction`;
+DEFAULT_READOUT = "letters"
+DEFAULT_NORMALIZATION = "mean"
+DEFAULT_BIAS_CORRECTION = "none"
+# - content-free answers (PMI, contextual bias correction) kept per engine, by option set.
+CONTENT_FREE_CACHE_ENTRIES = 1024

@@ -1,0 +1,56 @@
+"""SEMIF_REPACK resolved for the machine it runs on: the weights' layout that the engine and
+every llama-server obey together."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import NamedTuple
+
+
+class RepackChoice(NamedTuple):
+    on: bool
+    why: str
+
+
+# /proc/cpuinfo flags under which llama.cpp's repacked weights are the fast path: its AMX
+# kernels only run on the repacked ("extra") buffers. Without them, on a 2-core AVX-512 EPYC,
+# the unrepacked layout prefilled Qwen2.5-1.5B Q4_K_M 1.25x faster and 0.5B as fast
+# (bench/results/repack-*.json), and every process then shares one copy of the weights
+# (memory-*.json: the default server's three processes 3,484 -> 1,701 MiB PSS on 1.5B).
+AMX_FLAGS = frozenset({"amx_int8", "amx_tile"})
+
+
+def repack_choice(setting: str, cpuinfo: str | None = None) -> RepackChoice:
+    """SEMIF_REPACK resolved for this machine (cpuinfo: /proc/cpuinfo's text, read when None).
+    auto: on with AMX; off on another x86 CPU; llama.cpp's default (on) where /proc/cpuinfo
+    shows no x86 flags (ARM's NEON/i8mm repacked kernels were not measured here)."""
+    if setting in ("on", "off"):
+        return RepackChoice(setting == "on", f"{setting}: as set (SEMIF_REPACK)")
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            cpuinfo = ""
+    flags: set[str] = set()
+    for line in cpuinfo.splitlines():
+        key, _, rest = line.partition(":")
+        if key.strip() == "flags":
+            flags.update(rest.split())
+    amx = sorted(flags & AMX_FLAGS)
+    if amx:
+        return RepackChoice(
+            True,
+            f"on: the CPU has AMX ({', '.join(amx)}): llama.cpp's repacked kernels are "
+            "its fast path",
+        )
+    if not flags:
+        return RepackChoice(
+            True, "on: no x86 CPU flags in /proc/cpuinfo: llama.cpp's default (not measured here)"
+        )
+    simd = "AVX-512" if "avx512f" in flags else "AVX2" if "avx2" in flags else "x86"
+    return RepackChoice(
+        False,
+        f"off: {simd} without AMX: the unrepacked layout prefilled Qwen2.5-1.5B Q4_K_M 1.25x "
+        "faster on a 2-core AVX-512 EPYC (bench/results/repack-*.json), and every process "
+        "shares one copy of the weights",
+    )
