@@ -41,7 +41,7 @@ def _default(name: str) -> float:
 
 @dataclass(frozen=True)
 class Supervision:
-    """How the child is watched; the defaults are the settings' (settings.py). They fit
+    """How the child is watched; the defaults are the settings' (settings/defaults.py). They fit
     SageMaker: start-up may take minutes for a big model (the platform allows up to 600 s), a
     stall is noticed within seconds."""
 
