@@ -1,6 +1,6 @@
 """Abstention by question type and option count: the buckets, the threshold map and its checks,
-thresholds suggested from labelled rows, SEMIF_MIN_CONFIDENCE, and the real server (tiny model)
-judging each answer by its own bucket's threshold."""
+thresholds suggested from labelled rows, SEMIF_MIN_CONFIDENCE, and the server (the app in this
+process, tiny model) judging each answer by its own bucket's threshold."""
 
 from __future__ import annotations
 
@@ -25,6 +25,7 @@ from semif_proxy.calibration.temperature import Prediction
 from semif_proxy.cli import main
 from semif_proxy.settings import SettingsError, load_settings
 from semif_proxy.testing.server import ProxyProcess
+from tests.helpers.app_server import AppServer
 
 STATE = "Order #4471: I was charged twice for the same order and nobody answers my emails!"
 
@@ -239,7 +240,7 @@ def test_a_bad_setting_names_the_variable(
     assert str(err.value).startswith("SEMIF_MIN_CONFIDENCE: ") and says in str(err.value)
 
 
-# -- the real server --------------------------------------------------------------------------
+# -- the server (the app in this process) -----------------------------------------------------
 
 
 def labelled_rows() -> list[dict[str, Any]]:
@@ -264,9 +265,9 @@ def calibration(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def server(tiny_model: Path, calibration: Path) -> Iterator[ProxyProcess]:
+def server(tiny_model: Path, calibration: Path) -> Iterator[AppServer]:
     """The tiny model, with the thresholds `semif-proxy calibrate` wrote as the default."""
-    proxy = ProxyProcess(
+    proxy = AppServer(
         tiny_model, {"SEMIF_CHAT": "off", "SEMIF_MIN_CONFIDENCE": str(calibration)}
     ).start()
     yield proxy
@@ -408,7 +409,7 @@ ABSTENTION_FIELDS = {"abstained", "abstention", "threshold"}
 def test_strict_answers_keep_typesafe_fields_unless_asked(tiny_model: Path) -> None:
     """With SEMIF_STRICT the server's own threshold adds nothing to TypeSafe's answer; a request
     that sends min_confidence asks for the fields, and the SDK still reads the answer."""
-    strict = ProxyProcess(
+    strict = AppServer(
         tiny_model, {"SEMIF_CHAT": "off", "SEMIF_STRICT": "1", "SEMIF_MIN_CONFIDENCE": "0.5"}
     ).start()
     try:

@@ -1,6 +1,8 @@
 """The API key, the upstream allow-list and secrets in logs, against the real proxy (with its real
-llama-server). Requests go out byte for byte (http.client sends the target as given), so the
-proxy sees exactly the odd spellings a client could send."""
+llama-server): its listening sockets, its log and its child's argv are what some of these tests
+read; the admin routes and SageMaker's open /invocations, against the app in this process (with
+its real llama-server). Requests go out byte for byte (http.client sends the target as given),
+so the proxy sees exactly the odd spellings a client could send."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ import pytest
 
 from semif_proxy.http.auth import is_public, normalise_path
 from semif_proxy.testing.server import ProxyProcess, wait_for
+from tests.helpers.app_server import AppServer
 
 KEY = "s3cr3t-xyz"
 UPSTREAM_KEY = "upstream-k3y"
@@ -286,7 +289,7 @@ def test_secrets_never_reach_the_log(keyed: ProxyProcess) -> None:
 
 
 @pytest.fixture(scope="module")
-def admin(model_path: Path) -> Iterator[ProxyProcess]:
+def admin(model_path: Path) -> Iterator[AppServer]:
     """Two settings on one server (each start costs seconds): llama-server's admin routes, and
     /invocations opened explicitly as SageMaker's entrypoint opens it."""
     env = {
@@ -295,7 +298,7 @@ def admin(model_path: Path) -> Iterator[ProxyProcess]:
         "SEMIF_DECISIONS": "off",
         "SEMIF_INVOCATIONS_PUBLIC": "true",
     }
-    server = ProxyProcess(model_path, env).start()
+    server = AppServer(model_path, env, preset="full").start()
     yield server
     server.stop()
 

@@ -477,7 +477,6 @@ def test_an_engine_failure_is_the_calls_not_the_lines() -> None:
 
 # In-process, aiohttp's warning about the middleware's plain string request keys (request id,
 # deadline, tokens) would turn into a 500 under this suite's warnings-as-errors.
-@pytest.mark.filterwarnings("ignore::aiohttp.web_exceptions.NotAppKeyWarning")
 def test_an_engine_that_refuses_decisions_fails_the_call(
     tiny_model: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

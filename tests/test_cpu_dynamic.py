@@ -300,7 +300,6 @@ def test_a_second_llama_server_must_fit_beside_the_first(tmp_path: Path) -> None
 
 
 # In-process: see tests/test_engine.py on aiohttp's warning about plain string request keys.
-@pytest.mark.filterwarnings("ignore::aiohttp.web_exceptions.NotAppKeyWarning")
 @pytest.mark.parametrize("why", ["memory", "port taken"])
 def test_no_second_llama_server_where_memory_or_its_start_fails(
     model_path: Path,

@@ -432,7 +432,6 @@ def test_a_failed_exactness_self_check_refuses_decisions(
 
 # In-process, aiohttp's warning about the middleware's plain string request keys (request id,
 # deadline, tokens) would turn into a 500 under this suite's warnings-as-errors.
-@pytest.mark.filterwarnings("ignore::aiohttp.web_exceptions.NotAppKeyWarning")
 def test_a_failed_self_check_keeps_ping_503_and_shows_in_health(
     tiny_model: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -1,7 +1,7 @@
-"""`semif-proxy eval`: the same labelled rows asked of the model in-process, of a real server
-and of a second real server with other settings; metrics recomputed by hand from the per-row
-results; the SageMaker target against a stub of InvokeEndpoint that answers what the real
-server's /invocations answers."""
+"""`semif-proxy eval`: the same labelled rows asked of the model in-process, of a server over HTTP
+and of a second server with other settings (each the app served in this process, real engine
+and SmolLM2); metrics recomputed by hand from the per-row results; the SageMaker target against
+a stub of InvokeEndpoint that answers what the server's /invocations answers."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from semif_proxy.eval.runner import CONFUSION_LABELS, OTHER, evaluate, read_rows
 from semif_proxy.eval.sagemaker_target import SageMakerTarget
 from semif_proxy.eval.targets import Answer, Failure
 from semif_proxy.eval.url_target import UrlTarget
-from semif_proxy.testing.server import ProxyProcess
+from tests.helpers.app_server import AppServer
 
 KEY = "eval-test-key"
 DECISION_ROW = {
@@ -127,8 +127,8 @@ def write_rows(path: Path, rows: list) -> Path:
 
 @pytest.fixture(scope="module")
 def base_server(model_path: Path):
-    """The model with the defaults (one option order)."""
-    server = ProxyProcess(model_path, {"SEMIF_CHAT": "off"}).start()
+    """The model with the defaults (one option order), served by the app in this process."""
+    server = AppServer(model_path, {"SEMIF_CHAT": "off"}).start()
     yield server
     server.stop()
 
@@ -137,7 +137,7 @@ def base_server(model_path: Path):
 def rotating_server(model_path: Path):
     """The same model asked in every option order (SEMIF_PERMUTATIONS=5), behind a key."""
     env = {"SEMIF_CHAT": "off", "SEMIF_PERMUTATIONS": "5", "SEMIF_API_KEY": KEY}
-    server = ProxyProcess(model_path, env).start()
+    server = AppServer(model_path, env).start()
     yield server
     server.stop()
 

@@ -28,7 +28,8 @@ from semif_proxy.engine.worker import DecisionEngine
 from semif_proxy.errors import InvalidRequest
 from semif_proxy.settings import SettingsError, load_settings
 from semif_proxy.testing.server import ProxyProcess
-from tests.conftest import StartProxy, engine_settings
+from tests.conftest import StartApp, engine_settings
+from tests.helpers.app_server import AppServer
 
 STATE = "The ticket says: I cannot log in since the password reset email never arrived."
 
@@ -177,12 +178,12 @@ def test_one_option_is_answered_without_the_model(tiny_engine: DecisionEngine) -
     )
 
 
-# -- through the server (SmolLM2) -----------------------------------------------------------------
+# -- through the server (SmolLM2; the app in this process) -----------------------------------------
 
 
 @pytest.fixture(scope="module")
-def server(model_path: Path) -> Iterator[ProxyProcess]:
-    proxy = ProxyProcess(model_path, {"SEMIF_CHAT": "off"}).start()
+def server(model_path: Path) -> Iterator[AppServer]:
+    proxy = AppServer(model_path, {"SEMIF_CHAT": "off"}).start()
     yield proxy
     proxy.stop()
 
@@ -261,8 +262,8 @@ def test_numbered_score_levels_carry_no_second_number() -> None:
     assert "level 0" not in rendered
 
 
-def test_the_option_limit_is_a_setting(tiny_model: Path, start_proxy: StartProxy) -> None:
-    server = start_proxy(tiny_model, {"SEMIF_CHAT": "off", "SEMIF_MAX_OPTIONS": "10"})
+def test_the_option_limit_is_a_setting(tiny_model: Path, start_app: StartApp) -> None:
+    server = start_app(tiny_model, {"SEMIF_CHAT": "off", "SEMIF_MAX_OPTIONS": "10"})
     decision = {"id": "t", "state": "s", "question": "q?", "options": options(11)}
     over = server.call("POST", "/v1/decisions", {"decisions": [decision]})
     assert over.status == 413

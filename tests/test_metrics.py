@@ -241,7 +241,6 @@ def test_labels_come_from_fixed_sets() -> None:
         metrics.counter("semif_things", lambda: 1.0)
 
 
-@pytest.mark.filterwarnings("ignore::aiohttp.web_exceptions.NotAppKeyWarning")
 def test_each_app_has_its_own_registry(model_path: Path) -> None:
     """Two apps in one process (as the tests build them): one's requests never show in the
     other's /metrics, and nothing lands in prometheus_client's process-wide registry. With an

@@ -1,7 +1,7 @@
 """The position prior (PriDe): fitted from rotated, unlabelled rows; written by `semif-proxy
 calibrate --rows`; read with the temperatures (SEMIF_CALIBRATION, or SEMIF_TEMPERATURE as
-before); divided out of the answers of a real server, which says so in each answer; and the rows
-log a real server writes."""
+before); divided out of the answers of a server (the app in this process, real engine and
+SmolLM2), which says so in each answer; and the rows log that server writes."""
 
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ from semif_proxy.cli import main
 from semif_proxy.engine.examples import ROUTING_OPTIONS, ROUTING_STATE
 from semif_proxy.settings import SettingsError, load_settings
 from semif_proxy.testing.server import ProxyProcess, wait_for
+from tests.helpers.app_server import AppServer
 
 PLANTED = np.array([0.55, 0.2, 0.15, 0.1])
 
@@ -324,7 +325,7 @@ def test_rows_log_that_cannot_be_written_drops_lines_and_logs_once(
     ]
 
 
-# -- a real server ------------------------------------------------------------------------------
+# -- a server (the app in this process, real engine and SmolLM2) ---------------------------------
 
 DECISION_PRIOR = [0.05, 0.9, 0.05]  # planted: position 1 strongly favoured
 CHOICE_PRIOR = [0.6, 0.3, 0.1]
@@ -332,9 +333,7 @@ CHOICE_TEMPERATURE = 2.0
 
 
 @pytest.fixture(scope="module")
-def calibrated(
-    model_path: Path, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[ProxyProcess]:
+def calibrated(model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[AppServer]:
     folder = tmp_path_factory.mktemp("prior")
     calibration = folder / "calibration.json"
     calibration.write_text(
@@ -353,7 +352,7 @@ def calibrated(
         "SEMIF_CALIBRATION": str(calibration),
         "SEMIF_ROWS_LOG": str(folder / "rows.jsonl"),
     }
-    server = ProxyProcess(model_path, env).start()
+    server = AppServer(model_path, env).start()
     server.rows_path = folder / "rows.jsonl"
     yield server
     server.stop()

@@ -1,5 +1,7 @@
 """The server under pressure and abuse: load with small limits, fuzzed bodies, timeouts, a
-llama-server killed mid-stream, clients that hang up. Real proxy, real llama-server, SmolLM2."""
+llama-server killed mid-stream, clients that hang up. Real llama-server, SmolLM2; the real proxy
+process where the process is what is watched (its memory, signals, children, hang-ups), the app
+in this process for what it answers (fuzzed bodies, the deadline's 504)."""
 
 from __future__ import annotations
 
@@ -20,6 +22,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from semif_proxy.testing.server import ProxyProcess, wait_for
+from tests.conftest import StartApp
+from tests.helpers.app_server import AppServer
 from tests.helpers.llama_gate import LlamaGate
 
 LOAD_SECONDS = float(os.environ.get("SEMIF_LOAD_SECONDS", "20"))
@@ -67,11 +71,12 @@ def limited(model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Itera
 
 
 @pytest.fixture(scope="module")
-def fuzzed(model_path: Path) -> Iterator[ProxyProcess]:
+def fuzzed(model_path: Path) -> Iterator[AppServer]:
     """The small limits of `limited`, and llama-server capped at 8 generated tokens: a fuzzed
     chat body ({"messages": []} is a valid one) would otherwise generate up to the context
-    size, and the deadline would be what the fuzz tests."""
-    server = ProxyProcess(
+    size, and the deadline would be what the fuzz tests. In this process: what is fuzzed is
+    what the app answers."""
+    server = AppServer(
         model_path,
         {
             "SEMIF_MAX_IN_FLIGHT": "2",
@@ -79,6 +84,7 @@ def fuzzed(model_path: Path) -> Iterator[ProxyProcess]:
             "SM_LLAMA_CPP_N_PREDICT": "8",
             "SEMIF_HEALTH_TIMEOUT": "10",  # a busy machine is not a stalled llama-server
         },
+        preset="full",
     ).start()
     yield server
     server.stop()
@@ -259,10 +265,8 @@ def test_server_healthy_after_fuzzing(fuzzed: ProxyProcess) -> None:
     assert fuzzed.call("POST", "/invocations", decision(1)).json()["result"]["id"] == "load-1"
 
 
-def test_slow_decision_times_out_with_504(model_path: Path) -> None:
-    server = ProxyProcess(
-        model_path, {"SEMIF_CHAT": "off", "SEMIF_REQUEST_TIMEOUT": "0.01"}
-    ).start()
+def test_slow_decision_times_out_with_504(model_path: Path, start_app: StartApp) -> None:
+    server = start_app(model_path, {"SEMIF_CHAT": "off", "SEMIF_REQUEST_TIMEOUT": "0.01"})
     try:
         body = decision(2)
         body["decision"]["state"] = "A long ticket. " * 300

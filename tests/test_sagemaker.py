@@ -3,7 +3,8 @@ invocation cut, a llama-server that stalls (SIGSTOP/SIGCONT) or stays stalled, c
 up during a long prefill, the largest bodies the limits allow, and what /ping promises.
 
 Real proxy, real llama-server, real SmolLM2 (the tiny generated models where a property of the
-model is what is tested)."""
+model is what is tested); what /ping says of a model the engine refuses, from the app in this
+process."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ import pytest
 from semif_proxy import cli, entrypoint
 from semif_proxy.settings import DEFAULT_MAX_BODY_BYTES, SettingsError, load_settings
 from semif_proxy.testing.server import ProxyProcess, Reply, wait_for
+from tests.conftest import StartApp
 
 # Probe fast, and never restart on failed probes unless a test asks for it.
 WATCH = {
@@ -241,10 +243,12 @@ def test_a_llama_server_that_stays_stalled_is_restarted(model_path: Path, tmp_pa
         assert server.stop() == 0
 
 
-def test_ping_is_503_while_decisions_are_refused(tiny_merging_model: Path) -> None:
+def test_ping_is_503_while_decisions_are_refused(
+    tiny_merging_model: Path, start_app: StartApp
+) -> None:
     """/ping is 200 only when every path the server was started with can answer: a model whose
     answer letters are not single tokens cannot serve decisions, so /ping says 503 and why."""
-    server = ProxyProcess(tiny_merging_model, {"SEMIF_CHAT": "off"}).launch()
+    server = start_app(tiny_merging_model, {"SEMIF_CHAT": "off"}, launch=True)
     try:
 
         def refusing() -> bool:

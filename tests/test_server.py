@@ -1,4 +1,6 @@
-"""The real proxy process (with its real llama-server) over HTTP."""
+"""The proxy over HTTP: what it answers, from the app in this process (with the real engine, the
+real llama-server and SmolLM2: tests/helpers/app_server.py); start-up, a crashed llama-server
+and a failed load, from the real process."""
 
 from __future__ import annotations
 
@@ -6,6 +8,7 @@ import json
 import os
 import signal
 import socket
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -13,7 +16,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from semif_proxy.settings import DEFAULT_MAX_BODY_BYTES
 from semif_proxy.testing.server import ProxyProcess, wait_for
-from tests.conftest import GPU_LAYERS, StartProxy
+from tests.conftest import GPU_LAYERS, StartApp
+from tests.helpers.app_server import AppServer
 from tests.helpers.llama_gate import LlamaGate
 
 DECISION = {
@@ -31,6 +35,15 @@ DECISION = {
         {"id": "shipping", "description": "Delivery, tracking and shipping problems"},
     ],
 }
+
+
+@pytest.fixture(scope="module")
+def proxy(model_path: Path) -> Iterator[AppServer]:
+    """This module's proxy: chat and decisions, in this process (the suite's shared process,
+    conftest's `proxy`, has the same settings)."""
+    server = AppServer(model_path, {"SEMIF_MAX_DECISIONS": "24"}, preset="full").start()
+    yield server
+    server.stop()
 
 
 def test_ping_and_health(proxy: ProxyProcess) -> None:
@@ -195,7 +208,7 @@ def test_streamed_chat_arrives_in_chunks(proxy: ProxyProcess) -> None:
 
 @pytest.mark.timeout(300)  # 80 calls; what is checked is their status, not their speed
 def test_a_chat_right_after_a_streamed_one_is_answered(
-    model_path: Path, start_proxy: StartProxy
+    model_path: Path, start_app: StartApp
 ) -> None:
     """llama-server may close its connection after a streamed answer; a call sent on that
     connection right after failed with a 503 (ServerDisconnectedError: once in 30 pairs before
@@ -203,7 +216,7 @@ def test_a_chat_right_after_a_streamed_one_is_answered(
     server of its own (about 5 s alone)."""
     import urllib.request
 
-    proxy = start_proxy(model_path)
+    proxy = start_app(model_path, preset="full")
 
     streamed = json.dumps(
         {"messages": [{"role": "user", "content": "Say hi"}], "max_tokens": 3, "stream": True}
@@ -284,8 +297,8 @@ def test_llama_server_crash_is_survived(model_path, tmp_path) -> None:
         os.kill(health["llama_server"]["pid"], 0)  # no orphan left behind
 
 
-def test_decision_only_server_starts_no_llama_server(model_path, start_proxy: StartProxy) -> None:
-    server = start_proxy(model_path, {"SEMIF_CHAT": "off"})
+def test_decision_only_server_starts_no_llama_server(model_path, start_app: StartApp) -> None:
+    server = start_app(model_path, {"SEMIF_CHAT": "off"})
     health = server.call("GET", "/health").json()
     assert "llama_server" not in health
     chat = server.call("POST", "/v1/chat/completions", {"messages": []})

@@ -1,5 +1,6 @@
-"""System One: the TypeSafe SDK (typesafe-sdk==0.7.5) unchanged against the real proxy, plus
-rotations, abstention, limits, request ids, model names and the JevBench tasks."""
+"""System One: the TypeSafe SDK (typesafe-sdk==0.7.5) unchanged against the proxy (the app in
+this process, real engine and SmolLM2, over a real socket), plus rotations, abstention, limits,
+request ids, model names and the JevBench tasks."""
 
 from __future__ import annotations
 
@@ -16,7 +17,8 @@ from semif_proxy.api import rotations
 from semif_proxy.eval.jevbench import DEFAULT_DIR, predicted_label, read_tasks, task_files
 from semif_proxy.settings import DEFAULT_MAX_BODY_BYTES
 from semif_proxy.testing.server import ProxyProcess
-from tests.conftest import StartProxy
+from tests.conftest import StartApp
+from tests.helpers.app_server import AppServer
 
 KEY = "test-key-0123456789"
 NO_RETRY = ts.RetryPolicy(max_retries=0)
@@ -24,13 +26,13 @@ STATE = "Order #4471: I was charged twice for the same order and nobody answers 
 
 
 @pytest.fixture(scope="module")
-def keyed(model_path: Path) -> Iterator[ProxyProcess]:
+def keyed(model_path: Path) -> Iterator[AppServer]:
     """A decision-only proxy with an API key (no llama-server: System One does not need it).
     Its deadline is 100 s, not SageMaker's 55: the largest request these tests send (64 questions)
     takes 40 s alone on these 2 cores and once ran past 55 s (a 504) in a full CI run; what it
     tests is the count limit, and the deadline has its own tests (test_robustness)."""
     env = {"SEMIF_CHAT": "off", "SEMIF_API_KEY": KEY, "SEMIF_REQUEST_TIMEOUT": "100"}
-    server = ProxyProcess(model_path, env).start()
+    server = AppServer(model_path, env).start()
     yield server
     server.stop()
 
@@ -262,8 +264,8 @@ def test_every_jevbench_task_gets_a_valid_answer(model_path: Path) -> None:
         server.stop()
 
 
-def test_strict_mode_drops_the_diagnostics_block(model_path: Path, start_proxy: StartProxy) -> None:
-    server = start_proxy(model_path, {"SEMIF_CHAT": "off", "SEMIF_STRICT": "1"})
+def test_strict_mode_drops_the_diagnostics_block(model_path: Path, start_app: StartApp) -> None:
+    server = start_app(model_path, {"SEMIF_CHAT": "off", "SEMIF_STRICT": "1"})
     body = {"model": "jev-latest", "state": STATE, "questions": {"q": {"type": "noul"}}}
     reply = server.call("POST", "/v1/systemone", body)
     assert reply.status == 200 and reply.headers.get("X-Request-Id")

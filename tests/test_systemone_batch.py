@@ -1,4 +1,5 @@
-"""POST /v1/systemone/batch against the real proxy: the same questions asked of many states,
+"""POST /v1/systemone/batch against the proxy (the app in this process, real engine and
+SmolLM2, over a real socket): the same questions asked of many states,
 each state answered exactly as a single System One request with that state, within the
 limits (states, questions, token budget, deadline) and behind the API key."""
 
@@ -13,6 +14,8 @@ from typing import Any
 import pytest
 
 from semif_proxy.testing.server import ProxyProcess, Reply, wait_for
+from tests.conftest import StartApp
+from tests.helpers.app_server import AppServer
 
 KEY = "batch-key-0123456789"
 QUESTIONS = {
@@ -32,12 +35,12 @@ STATES: list[Any] = [
 
 
 @pytest.fixture(scope="module")
-def keyed(model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ProxyProcess]:
+def keyed(model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[AppServer]:
     log = tmp_path_factory.mktemp("logs") / "batch.log"
     # States are evaluated one after another; the largest batch takes about a minute on a
     # loaded 2-core machine, past the default 55 s deadline (test_deadline_stops_the_batch).
     env = {"SEMIF_CHAT": "off", "SEMIF_API_KEY": KEY, "SEMIF_REQUEST_TIMEOUT": "240"}
-    server = ProxyProcess(model_path, env, log_path=log).start()
+    server = AppServer(model_path, env, log_path=log).start()
     yield server
     server.stop()
 
@@ -227,13 +230,13 @@ def test_batch_needs_the_key(keyed: ProxyProcess) -> None:
     assert wrong.status == 401
 
 
-def test_deadline_stops_the_batch(model_path: Path) -> None:
+def test_deadline_stops_the_batch(model_path: Path, start_app: StartApp) -> None:
     env = {
         "SEMIF_CHAT": "off",
         "SEMIF_REQUEST_TIMEOUT": "1",
         "SEMIF_MAX_REQUEST_TOKENS": "1000000",
     }
-    server = ProxyProcess(model_path, env).start()
+    server = start_app(model_path, env)
     try:
         # 64 states of ~3,000 tokens each: far more work than a second allows.
         states = [state_of(3000, i) for i in range(64)]

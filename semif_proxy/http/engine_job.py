@@ -13,7 +13,7 @@ from aiohttp import web
 
 from semif_proxy.errors import NotFound, Unavailable
 from semif_proxy.http.keys import CPU_POLICY, ENGINE, SETTINGS
-from semif_proxy.http.middleware import DEADLINE, deadline_passed
+from semif_proxy.http.middleware import DEADLINE, TOKENS, deadline_passed
 
 if TYPE_CHECKING:
     from semif_proxy.api.services import Service
@@ -54,5 +54,5 @@ async def answer(
     access log counts its prompt tokens."""
     planned = service.plan(body, request.app[SETTINGS], engine.sha256)
     answered = await run_job(request, engine, functools.partial(service.answer, engine, planned))
-    request["tokens"] = answered.input_tokens
+    request[TOKENS] = answered.input_tokens
     return web.json_response(answered.body)

@@ -14,14 +14,16 @@ from semif_proxy.errors import ApiError, Timeout, internal_error
 from semif_proxy.http.keys import METRICS, SETTINGS
 
 log = logging.getLogger("semif_proxy.access")
-REQUEST_ID = "request_id"
+REQUEST_ID = web.RequestKey("request_id", str)
 # Monotonic (loop.time()) instant by which the request's own work must end: queueing included.
-DEADLINE = "deadline"
+DEADLINE = web.RequestKey("deadline", float)
 # perf_counter() at arrival, the request's route label in the metrics (fixed set, metrics.py),
 # and whether its first upstream chunk was timed (first_chunk).
-STARTED = "started"
-METRICS_ROUTE = "metrics_route"
-FIRST_CHUNK = "first_chunk"
+STARTED = web.RequestKey("started", float)
+METRICS_ROUTE = web.RequestKey("metrics_route", str)
+FIRST_CHUNK = web.RequestKey("first_chunk", bool)
+# The prompt tokens the request counted (its route sets it; the access log and metrics read it).
+TOKENS = web.RequestKey("tokens", int)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
@@ -112,9 +114,7 @@ async def request_middleware(request: web.Request, handler: Handler) -> web.Stre
         metrics.in_flight.dec()
         route = _route_name(request)
         # Labels from fixed sets only (metrics.py): the method and route a client sent are not.
-        metrics.observe_request(
-            metrics_route, request.method, status, elapsed, request.get("tokens")
-        )
+        metrics.observe_request(metrics_route, request.method, status, elapsed, request.get(TOKENS))
         log.info(
             "request",
             extra={
@@ -124,6 +124,6 @@ async def request_middleware(request: web.Request, handler: Handler) -> web.Stre
                 "path": request.path,
                 "status": status,
                 "latency_ms": round(elapsed * 1000, 2),
-                "tokens": request.get("tokens"),
+                "tokens": request.get(TOKENS),
             },
         )

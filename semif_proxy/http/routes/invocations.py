@@ -14,7 +14,7 @@ from semif_proxy.errors import InvalidRequest, Timeout, Unavailable
 from semif_proxy.http import engine_job, jsonlines
 from semif_proxy.http.bodies import read_json_object, read_limited
 from semif_proxy.http.keys import CHAT_ADMISSION, DECISION_ADMISSION, SETTINGS
-from semif_proxy.http.middleware import REQUEST_ID, deadline_passed, remaining
+from semif_proxy.http.middleware import REQUEST_ID, TOKENS, deadline_passed, remaining
 from semif_proxy.http.routes import proxy, systemone
 from semif_proxy.settings import JSON_LINES_PER_JOB
 
@@ -82,7 +82,7 @@ async def answer_lines(request: web.Request) -> web.Response:
             raise jsonlines.not_reached(count, len(lines), settings.request_timeout) from None
         finally:
             progress.close()
-    request["tokens"] = sum(line.tokens for line in lines)
+    request[TOKENS] = sum(line.tokens for line in lines)
     errors = sum(1 for line in lines if line.error is not None)
     # The access line (middleware) is the same for every route; this one says what the call held.
     log.info(

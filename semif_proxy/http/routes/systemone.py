@@ -12,13 +12,13 @@ from semif_proxy.api.services import SERVICES
 from semif_proxy.http import engine_job
 from semif_proxy.http.bodies import read_json_object
 from semif_proxy.http.keys import DECISION_ADMISSION, SETTINGS
-from semif_proxy.http.middleware import REQUEST_ID, remaining
+from semif_proxy.http.middleware import REQUEST_ID, TOKENS, remaining
 from semif_proxy.http.routes import proxy
 
 # The TypeSafe SDK reads a response's request id (`result.request_id`, and its errors') here.
 TYPESAFE_REQUEST_ID = "x-typesafe-request-id"
 # Marks a request answered by the System One API on another route (POST /invocations).
-SYSTEM_ONE = "system_one"
+SYSTEM_ONE = web.RequestKey("system_one", bool)
 ROUTES = frozenset({"/v1/systemone", "/v1/systemone/batch", "/v1/models"})
 
 
@@ -51,7 +51,7 @@ async def batch_route(request: web.Request) -> web.Response:
         ]
     response = systemone_batch.combine_batch(responses, settings.strict)
     response["request_id"] = request[REQUEST_ID]
-    request["tokens"] = response["usage"]["input_tokens"]
+    request[TOKENS] = response["usage"]["input_tokens"]
     return web.json_response(response)
 
 
