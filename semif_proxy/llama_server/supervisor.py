@@ -95,12 +95,16 @@ class LlamaServer:
     @property
     def answering(self) -> bool:
         """Healthy, and its last probe passed: one miss leaves chat open (see `unhealthy_after`),
-        but the CPU slicer gives no turns to a child that may be stalled (they would be lost)."""
+        but dynamic CPU sharing routes no chat to a second child that may be stalled."""
         return self.healthy and self.failed_probes == 0
 
     @property
     def healthy(self) -> bool:
         return self._healthy.is_set()
+
+    async def until_healthy(self) -> None:
+        """Returns once the child answers its probes (at once when it does now)."""
+        await self._healthy.wait()
 
     def argv(self) -> list[str]:
         args = [
@@ -133,7 +137,7 @@ class LlamaServer:
     async def stop(self, timeout: float = 10.0) -> None:
         self._stopping = True
         self.state = "stopping"
-        self._healthy.clear()  # nothing (the CPU slicer) stops a child that is being stopped
+        self._healthy.clear()  # no chat is routed to a child that is being stopped
         if self._supervisor:
             self._supervisor.cancel()
             with contextlib.suppress(asyncio.CancelledError):

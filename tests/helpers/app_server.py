@@ -26,7 +26,7 @@ from aiohttp import web
 
 from semif_proxy.http.app import create_app
 from semif_proxy.http.keys import LLAMA, STARTUP
-from semif_proxy.http.routes.health import _status
+from semif_proxy.http.routes.health import readiness
 from semif_proxy.logs import JsonFormatter
 from semif_proxy.settings import Settings, load_settings
 from semif_proxy.testing.server import PRESETS, ProxyProcess
@@ -108,12 +108,12 @@ class AppServer(ProxyProcess):
         llama = app.get(LLAMA)
         healthy = None
         if llama is not None:
-            healthy = asyncio.ensure_future(llama._healthy.wait())
+            healthy = asyncio.ensure_future(llama.until_healthy())
             waits.add(healthy)
         deadline = asyncio.get_running_loop().time() + timeout
         try:
             while True:
-                ready, parts = _status(app)
+                ready, parts = readiness(app)
                 if ready:
                     return
                 if app[STARTUP].errors:

@@ -38,7 +38,7 @@ def _server_status(server: LlamaServer | None) -> dict[str, Any]:
     }
 
 
-def _status(app: web.Application) -> tuple[bool, dict[str, Any]]:
+def readiness(app: web.Application) -> tuple[bool, dict[str, Any]]:
     """Ready means every path this server was started with can answer now: decisions when they
     are on (engine loaded and not refusing this model), chat when it is on (llama-server
     answered one of its last two probes). One path down is not ready: SageMaker then holds
@@ -77,7 +77,7 @@ def _status(app: web.Application) -> tuple[bool, dict[str, Any]]:
 
 
 async def ping(request: web.Request) -> web.Response:
-    ready, parts = _status(request.app)
+    ready, parts = readiness(request.app)
     return web.json_response(
         {"status": "ok" if ready else "unavailable", **parts}, status=200 if ready else 503
     )
@@ -85,7 +85,7 @@ async def ping(request: web.Request) -> web.Response:
 
 async def health(request: web.Request) -> web.Response:
     app = request.app
-    ready, parts = _status(app)
+    ready, parts = readiness(app)
     engine = app[ENGINE].engine
     body: dict[str, Any] = {
         "status": "ok" if ready else "unavailable",
