@@ -14,12 +14,14 @@ from typing import Any
 import numpy as np
 
 from semif_proxy.api import rotations, rows_log
+from semif_proxy.api.readout_fields import DEFAULT_NORMALIZATION, reported, rotated
 from semif_proxy.api.rotations import Rotated
 from semif_proxy.api.schemas import (
     Decision,
     SharedRequest,
     SingleRequest,
     check_count,
+    check_readouts,
     check_shared,
     parse,
 )
@@ -57,10 +59,12 @@ def parse_request(
                 check_count(len(options), f"{path}.options", max_options, "SEMIF_MAX_OPTIONS")
     if "decision" in body:
         single = parse(SingleRequest, body)
+        check_readouts([single.decision], ["decision"])
         return DecisionRequest([single.decision], ["decision"], single=True)
     shared = parse(SharedRequest, body)
     check_shared(shared)
     paths = [f"decisions[{i}]" for i in range(len(shared.decisions))]
+    check_readouts(list(shared.decisions), paths)
     return DecisionRequest(list(shared.decisions), paths, single=False)
 
 
@@ -73,7 +77,7 @@ def rotated_questions(
     temperature = settings.temperature.for_type("decision")
     prior = settings.position_prior
     return [
-        Rotated.of(
+        rotated(
             Question(
                 path=path,
                 id=d.id,
@@ -82,9 +86,16 @@ def rotated_questions(
                 descriptions=tuple(o.description for o in d.options),
                 temperature=temperature,
                 return_prompt=d.return_prompt,
+                # The fitted prior is the letters' position preference: letters only.
                 log_position_prior=(
-                    prior.log_prior("decision", len(d.options)) if d.position_prior else None
+                    prior.log_prior("decision", len(d.options))
+                    if d.position_prior and d.readout == "letters"
+                    else None
                 ),
+                readout=d.readout,
+                normalization=d.normalization or DEFAULT_NORMALIZATION,
+                bias_correction=d.bias_correction,
+                answers=d.answers() if d.readout == "direct" else None,
             ),
             d.permutations or settings.permutations,
         )
@@ -129,6 +140,7 @@ def result_body(
         "prompt_sha256": prompt_sha256(first.prompt),
         "prompt_version": first.prompt_version,
         "readout": first.readout,
+        **reported(first),
         # Whether a fitted position prior (SEMIF_CALIBRATION) was divided out of probabilities.
         "position_prior": first.question.position_prior,
         "model": model_info,
@@ -139,6 +151,8 @@ def result_body(
     }
     if len(runs) > 1:
         body.update(rotation_fields(orders, runs))
+    if first.content_free_logits is not None:
+        body["content_free_logits"] = [float(v) for v in first.content_free_logits]
     if first.first_token_logits is not None:
         body["first_token_logits"] = [float(v) for v in first.first_token_logits]
     if decision.return_prompt:

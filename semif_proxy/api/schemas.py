@@ -15,6 +15,16 @@ from pydantic import (
     field_validator,
 )
 
+from semif_proxy.api.readout_fields import (
+    DEFAULT_BIAS_CORRECTION,
+    DEFAULT_READOUT,
+    DIRECT_NEEDS,
+    BiasCorrection,
+    Normalization,
+    Readout,
+    direct_answers,
+    normalization_error,
+)
 from semif_proxy.engine.prompt import MAX_OPTIONS
 from semif_proxy.errors import InvalidRequest, PayloadTooLarge
 
@@ -40,6 +50,13 @@ class Decision(BaseModel):
     permutations: int | None = Field(None, ge=1, le=MAX_OPTIONS)
     # false: no fitted position prior (SEMIF_CALIBRATION) is applied to this decision.
     position_prior: bool = True
+    # How the options are read (docs/method.md): their letters (the default), each option's
+    # text as the answer (continuation: normalised "mean" unless asked), or the model's own
+    # yes/no or level-number tokens (direct: yes/no and score decisions only). A contextual
+    # bias correction divides out the answers after a content-free state.
+    readout: Readout = DEFAULT_READOUT
+    normalization: Normalization | None = None  # continuation only; None: "mean"
+    bias_correction: BiasCorrection = DEFAULT_BIAS_CORRECTION
 
     @field_validator("options")
     @classmethod
@@ -49,6 +66,10 @@ class Decision(BaseModel):
         if duplicates:
             raise ValueError(f"option ids must be unique; repeated: {duplicates}")
         return options
+
+    def answers(self) -> tuple[str, ...] | None:
+        """The direct readout's answer word per option (yes/no or a level number)."""
+        return direct_answers([o.id for o in self.options])
 
     def state_key(self) -> str:
         return json.dumps(self.state, ensure_ascii=False)
@@ -83,6 +104,16 @@ def check_shared(request: SharedRequest) -> None:
                 "the identical state in every decision",
                 field=f"decisions[{i}].state",
             )
+
+
+def check_readouts(decisions: list[Decision], paths: list[str]) -> None:
+    """A readout's own rules, reported at the field that breaks them (400)."""
+    for d, path in zip(decisions, paths):
+        problem = normalization_error(d.readout, d.normalization)
+        if problem:
+            raise InvalidRequest(f"{path}.normalization: {problem}", field=f"{path}.normalization")
+        if d.readout == "direct" and d.answers() is None:
+            raise InvalidRequest(f"{path}.readout: {DIRECT_NEEDS}", field=f"{path}.readout")
 
 
 def check_count(count: int, field: str, limit: int, variable: str = "SEMIF_MAX_DECISIONS") -> None:

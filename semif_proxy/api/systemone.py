@@ -9,13 +9,23 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
 from semif_proxy import readout
 from semif_proxy.api import rotations, rows_log
+from semif_proxy.api.readout_fields import (
+    DEFAULT_BIAS_CORRECTION,
+    DEFAULT_NORMALIZATION,
+    DEFAULT_READOUT,
+    DIRECT_NEEDS,
+    direct_answers,
+    normalization_error,
+    reported,
+    rotated,
+)
 from semif_proxy.api.rotations import Rotated
 from semif_proxy.api.schemas import check_count
 from semif_proxy.api.systemone_schemas import (
@@ -56,13 +66,39 @@ class Spec:
     option_ids: tuple[str, ...]
     descriptions: tuple[str, ...]
     legend: dict[str, Content] | None = None
+    readout: str = DEFAULT_READOUT
+    normalization: str = DEFAULT_NORMALIZATION
+    bias_correction: str = DEFAULT_BIAS_CORRECTION
+    answers: tuple[str, ...] | None = None  # direct: each option's answer word
 
 
 def build_spec(
     qid: str, q: NoulQuestion | ChoiceQuestion | ScoreQuestion, labels: str = "auto"
 ) -> Spec:
-    """A question as the engine asks it. `labels`: SEMIF_LABELS, which decides whether the
-    options will be lettered or numbered."""
+    """A question as the engine asks it, read as it asks (422 at its readout fields when they
+    do not fit it). `labels`: SEMIF_LABELS, which decides whether lettered options are
+    lettered or numbered."""
+    spec = _options(qid, q, labels)
+    problem = normalization_error(q.readout, q.normalization)
+    if problem:
+        raise schema_error(["questions", qid, "normalization"], problem)
+    answers = None
+    if q.readout == "direct":
+        answers = direct_answers(spec.option_ids) if spec.kind != "choice" else None
+        if answers is None:
+            raise schema_error(["questions", qid, "readout"], DIRECT_NEEDS)
+    return replace(
+        spec,
+        readout=q.readout,
+        normalization=q.normalization or DEFAULT_NORMALIZATION,
+        bias_correction=q.bias_correction,
+        answers=answers,
+    )
+
+
+def _options(
+    qid: str, q: NoulQuestion | ChoiceQuestion | ScoreQuestion, labels: str = "auto"
+) -> Spec:
     instructions = _text(q.instructions) or DEFAULT_INSTRUCTIONS[q.type]
     if isinstance(q, NoulQuestion):
         crit = q.criteria or NoulCriteria()
@@ -185,7 +221,7 @@ def ask(
     state: Content, specs: list[Spec], k: int, settings: Settings, prior: bool = True
 ) -> list[Rotated]:
     return [
-        Rotated.of(
+        rotated(
             Question(
                 path=f"questions.{spec.qid}",
                 id=spec.qid,
@@ -193,11 +229,16 @@ def ask(
                 question=spec.instructions,
                 descriptions=spec.descriptions,
                 temperature=settings.temperature.for_type(spec.kind),
+                # The fitted prior is the letters' position preference: letters only.
                 log_position_prior=(
                     settings.position_prior.log_prior(spec.kind, len(spec.descriptions))
-                    if prior
+                    if prior and spec.readout == "letters"
                     else None
                 ),
+                readout=spec.readout,
+                normalization=spec.normalization,
+                bias_correction=spec.bias_correction,
+                answers=spec.answers,
             ),
             k,
         )
@@ -241,8 +282,8 @@ def answer(engine: DecisionEngine, planned: Plan, strict: bool) -> dict[str, Any
     )
     answers: dict[str, Any] = {}
     diagnostics: dict[str, Any] = {}
-    for spec, rotated, scored in zip(planned.specs, planned.asked, runs):
-        orders = rotated.orders
+    for spec, asked, scored in zip(planned.specs, planned.asked, runs):
+        orders = asked.orders
         probs, moved = rotations.combine([(o, s.probabilities) for o, s in zip(orders, scored)])
         answers[spec.qid] = answer_for(spec, probs, _threshold(planned, spec, strict))
         if not strict:
@@ -250,6 +291,7 @@ def answer(engine: DecisionEngine, planned: Plan, strict: bool) -> dict[str, Any
             # model call (one option). TypeSafe clients ignore extra keys; strict leaves them out.
             answers[spec.qid]["readout"] = scored[0].readout
             answers[spec.qid]["prompt_version"] = scored[0].prompt_version
+            answers[spec.qid].update(reported(scored[0]))
         diagnostics[spec.qid] = {
             "option_logits": [[float(v) for v in s.option_logits] for s in scored],
             "allowed_token_mass": [s.allowed_token_mass for s in scored],
@@ -263,6 +305,11 @@ def answer(engine: DecisionEngine, planned: Plan, strict: bool) -> dict[str, Any
             ),
             # Whether a fitted position prior (SEMIF_CALIBRATION) was divided out.
             "position_prior": scored[0].question.position_prior,
+            **(
+                {"content_free_logits": [[float(v) for v in s.content_free_logits] for s in scored]}
+                if scored[0].content_free_logits is not None
+                else {}
+            ),
         }
     response: dict[str, Any] = {
         "model": planned.served,

@@ -10,6 +10,13 @@ from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from semif_proxy.api.readout_fields import (
+    DEFAULT_BIAS_CORRECTION,
+    DEFAULT_READOUT,
+    BiasCorrection,
+    Normalization,
+    Readout,
+)
 from semif_proxy.engine.prompt import MAX_OPTIONS
 from semif_proxy.errors import SchemaError
 
@@ -30,25 +37,34 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+class _Read(_Strict):
+    """How a question's options are read (as a decision's: api/readout_fields.py); semif-proxy's
+    own fields, which TypeSafe clients do not send."""
+
+    readout: Readout = DEFAULT_READOUT
+    normalization: Normalization | None = None  # continuation only; None: "mean"
+    bias_correction: BiasCorrection = DEFAULT_BIAS_CORRECTION
+
+
 class NoulCriteria(_Strict):
     true: Content | None = None
     false: Content | None = None
 
 
-class NoulQuestion(_Strict):
+class NoulQuestion(_Read):
     type: Literal["noul"]
     instructions: Content | None = None
     criteria: NoulCriteria | None = None
 
 
-class ChoiceQuestion(_Strict):
+class ChoiceQuestion(_Read):
     type: Literal["choice"]
     instructions: Content | None = None
     # One option is answered without the model (probability 1); Jev allows 1..255.
     criteria: dict[str, Content | None] = Field(min_length=1, max_length=MAX_OPTIONS)
 
 
-class ScoreQuestion(_Strict):
+class ScoreQuestion(_Read):
     type: Literal["score"]
     instructions: Content | None = None
     criteria: list[Content] = Field(min_length=2, max_length=MAX_OPTIONS)

@@ -46,7 +46,8 @@ if TYPE_CHECKING:
 
 # How long chats wait for the split llama-server's chats to end before they join them (a chat
 # alone goes back to every core once those end; a long or slowly read stream must not hold
-# every later chat back until its deadline). Its default lives with the others (settings/defaults.py).
+# every later chat back until its deadline). Its default lives with the others
+# (settings/defaults.py).
 DRAIN_GRACE_S = CPU_DRAIN_GRACE_S
 
 

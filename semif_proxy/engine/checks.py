@@ -15,7 +15,7 @@ from semif_proxy.engine.prompt import (
     labels_for,
     render_decision,
 )
-from semif_proxy.engine.questions import Question
+from semif_proxy.engine.questions import LETTERS, Question
 from semif_proxy.errors import InvalidRequest, PayloadTooLarge
 from semif_proxy.settings import AUTO_CTX_MAX
 
@@ -124,11 +124,21 @@ class TokenChecks:
     def labels_for(self, n: int) -> Labels:
         return labels_for(n, self.settings.labels)
 
+    if TYPE_CHECKING:  # ReadoutScoring's, later in DecisionEngine's bases
+
+        def _render_readout(self, q: Question) -> RenderedPrompt: ...
+        def _check_readout(self, q: Question) -> None: ...
+
     def _render(self, q: Question) -> RenderedPrompt:
+        if q.readout != LETTERS:
+            return self._render_readout(q)
         labels = self.labels_for(len(q.descriptions))
         return render_decision(self.template, q.state, q.question, q.descriptions, labels)
 
     def _check_label_scheme(self, q: Question) -> None:
+        if q.readout != LETTERS:
+            self._check_readout(q)
+            return
         if self.labels_for(len(q.descriptions)) is NUMBER_LABELS and self.numbers.reason:
             raise InvalidRequest(
                 f"{q.path}.options: {len(q.descriptions)} options need numbered labels, which "

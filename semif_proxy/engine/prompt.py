@@ -172,6 +172,14 @@ def render_decision(
     labels: Labels | None = None,
 ) -> RenderedPrompt:
     messages = decision_messages(state, question, descriptions, labels)
+    return render_messages(template, messages, state)
+
+
+def render_messages(
+    template: ChatTemplate, messages: list[dict[str, str]], state: Any
+) -> RenderedPrompt:
+    """A system and a user message whose JSON content starts with the evidence, rendered and
+    split after the evidence (every readout's prompt has that shape)."""
     content = messages[1]["content"]
     text = template.render(messages)
     # '{"evidence": <state>' is a text prefix of the user turn because the key comes first.

@@ -8,6 +8,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from semif_proxy.settings.defaults import (
+    DEFAULT_BIAS_CORRECTION,
+    DEFAULT_NORMALIZATION,
+    DEFAULT_READOUT,
+)
+
 if TYPE_CHECKING:
     from semif_proxy.engine.label_tree import LabelTree
     from semif_proxy.engine.prompt import RenderedPrompt
@@ -16,6 +22,17 @@ if TYPE_CHECKING:
 LETTER_READOUT = "letter-logits"
 SEQUENCE_READOUT = "label-sequence-logprobs"
 SINGLE_OPTION = "single-option"  # probability 1, no model call
+CONTINUATION_READOUT = "continuation-logprobs"  # each option's text scored as the answer
+DIRECT_YES_NO_READOUT = "direct-yes-no"  # the model's own yes/no tokens
+DIRECT_LEVELS_READOUT = "direct-levels"  # the model's own level-number tokens
+
+# What a question asks to be read by (the API's `readout`, `normalization`, `bias_correction`).
+LETTERS = "letters"
+CONTINUATION = "continuation"
+DIRECT = "direct"
+READOUTS = (LETTERS, CONTINUATION, DIRECT)
+NORMALIZATIONS = ("sum", "mean", "pmi")
+BIAS_CORRECTIONS = ("none", "contextual")
 
 
 @dataclass(frozen=True)
@@ -32,6 +49,15 @@ class Question:
     # Log of the model's prior on each listed position (PriDe), subtracted from the option
     # logits before the softmax; None: no prior. Raw option logits are reported unchanged.
     log_position_prior: tuple[float, ...] | None = None
+    # How the options are read (readouts.py): "letters" (the labels' logits, as always),
+    # "continuation" (each description scored as the answer text, normalised "sum", "mean" or
+    # "pmi") or "direct" (the model's own answer words: `answers`, per listed option, "yes" /
+    # "no" or a level number). `bias_correction` "contextual" divides the same readout's answer
+    # distribution after a content-free state out of the probabilities (bias.py).
+    readout: str = DEFAULT_READOUT
+    normalization: str = DEFAULT_NORMALIZATION
+    bias_correction: str = DEFAULT_BIAS_CORRECTION
+    answers: tuple[str, ...] | None = None
 
     @property
     def position_prior(self) -> str:
@@ -42,8 +68,17 @@ class Question:
 
 @dataclass
 class Scored:
+    """One question's numbers. `option_logits` is the log-score the probabilities are the
+    softmax of (before the position prior and the temperature):
+    - letters: each letter's raw logit; numbers: each label sequence's log-probability;
+    - continuation: the description's log-probability as the answer, summed over its tokens
+      ("sum"), per token ("mean"), or summed less its log-probability after a content-free
+      state ("pmi");
+    - direct: log P(the option's answer word), its single-token spellings summed.
+    With contextual bias correction the probabilities are softmax(option_logits -
+    content_free_logits): the content-free answer distribution divided out."""
+
     question: Question
-    # Letters: each letter's raw logit. Numbers: each label sequence's log-probability.
     option_logits: np.ndarray
     probabilities: np.ndarray
     allowed_token_mass: float
@@ -53,6 +88,8 @@ class Scored:
     prompt_version: str | None = None
     # Numbers: the raw logit of each option's first label token at the prompt's last position.
     first_token_logits: np.ndarray | None = None
+    # Contextual bias correction: the same readout's option_logits after a content-free state.
+    content_free_logits: np.ndarray | None = None
 
 
 @dataclass(frozen=True)
@@ -67,6 +104,8 @@ class GroupPlan:
     boundary: int
     trees: list[LabelTree | None]  # per question: its label tree (numbers) or None (letters)
     evaluated: int  # tokens the group evaluates
+    # Continuation and direct groups: per question, what readouts.py reads for it.
+    reads: list[Any] | None = None
 
 
 @dataclass

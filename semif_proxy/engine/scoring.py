@@ -17,6 +17,7 @@ from semif_proxy.engine.label_tree import LabelTree
 from semif_proxy.engine.prompt import NUMBER_LABELS, RenderedPrompt
 from semif_proxy.engine.questions import (
     LETTER_READOUT,
+    LETTERS,
     SEQUENCE_READOUT,
     SINGLE_OPTION,
     GroupPlan,
@@ -44,6 +45,11 @@ class GroupScoring:
     def labels_for(self, n: int) -> Labels: ...  # TokenChecks
     def _render(self, q: Question) -> RenderedPrompt: ...  # TokenChecks
     def tokenize_prompt(self, text: str) -> list[int]: ...  # TokenChecks
+
+    if TYPE_CHECKING:  # ReadoutScoring's, later in DecisionEngine's bases
+
+        def _plan_readout_group(self, *args: Any) -> GroupPlan: ...
+        def _evaluate_readout_group(self, plan: GroupPlan) -> Any: ...
 
     def split(self, state_tokens: list[int], fulls: Sequence[list[int]]) -> tuple[list[int], int]:
         return prefix_split.split(state_tokens, fulls, self.core.cell_align)
@@ -104,6 +110,8 @@ class GroupScoring:
     ) -> GroupPlan:
         """Questions whose prompts share one head: the split after the state (empty when it is
         not proven: each prompt then goes whole) and the tokens the group evaluates."""
+        if questions[0].readout != LETTERS:  # one readout per prompt head (worker.py)
+            return self._plan_readout_group(questions, rendered, fulls, head)
         state_tokens = self.tokenize_prompt(head)
         prefix, boundary = self.split(state_tokens, fulls)
         trees = [
@@ -122,6 +130,8 @@ class GroupScoring:
         )
 
     def _evaluate_group(self, plan: GroupPlan) -> tuple[list[Scored], dict[str, Any]]:
+        if plan.reads is not None:
+            return self._evaluate_readout_group(plan)
         questions, rendered, fulls = plan.questions, plan.rendered, plan.fulls
         prefix, boundary, trees, state_tokens = (
             plan.prefix,

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from semif_proxy.engine import exactness, label_tree, native
+from semif_proxy.engine.bias import BiasCorrection, ContentFreeCache
 from semif_proxy.engine.checks import TokenChecks
 from semif_proxy.engine.exactness import ExactnessCheck
 from semif_proxy.engine.injection import SpecialTokenPolicy
@@ -40,18 +41,21 @@ from semif_proxy.engine.questions import (
     Scored,
     merge_timings,
 )
+from semif_proxy.engine.readouts import ReadoutScoring
 from semif_proxy.engine.scoring import GroupScoring
 from semif_proxy.engine.thread import EngineThread
 from semif_proxy.errors import Cancelled, EngineFailure, PayloadTooLarge, Unavailable
 from semif_proxy.model.files import model_sha256
 from semif_proxy.settings import RepackChoice, Settings, repack_choice
+from semif_proxy.settings.defaults import CONTENT_FREE_CACHE_ENTRIES
 
 log = logging.getLogger("semif_proxy.engine")
 
 
-class DecisionEngine(EngineJobs, TokenChecks, GroupScoring):
+class DecisionEngine(EngineJobs, TokenChecks, GroupScoring, ReadoutScoring, BiasCorrection):
     """Questions in, scored rows out: the load and its checks here; job control (jobs.py), the
-    checks before a forward pass (checks.py) and group scoring (scoring.py) are its parts."""
+    checks before a forward pass (checks.py), group scoring (scoring.py; continuation and
+    direct readouts: readouts.py) and content-free answers (bias.py) are its parts."""
 
     def __init__(
         self,
@@ -69,6 +73,8 @@ class DecisionEngine(EngineJobs, TokenChecks, GroupScoring):
         self.settings = settings
         self.sha256 = sha256
         self.cache = PrefixCache(settings.prefix_cache_mb * 1024 * 1024)
+        self.content_free = ContentFreeCache(CONTENT_FREE_CACHE_ENTRIES)
+        self._word_ids: dict[str, tuple[int, ...]] = {}
         # On the CPU every question is decoded right after the prefix, one at a time, and its
         # cells are removed before the next ("restore"): its cells then lie exactly where a
         # one-piece evaluation puts them, whatever the model's attention kernels chunk by.
@@ -208,7 +214,7 @@ class DecisionEngine(EngineJobs, TokenChecks, GroupScoring):
         """Score questions that share one state: one prefill per prompt head (letters and
         numbers have their own system text), the questions as branches. A question with one
         option is answered without the model. On the engine thread, whoever calls."""
-        return self.thread.call(lambda: self._evaluate(questions))
+        return self.thread.call(lambda: self._evaluate_corrected(questions))
 
     def _evaluate(self, questions: Sequence[Question]) -> Evaluation:
         if self.unavailable_reason:
@@ -224,9 +230,11 @@ class DecisionEngine(EngineJobs, TokenChecks, GroupScoring):
         if asked:
             self._check_budget([questions[i] for i in asked])
             rendered = {i: self._render(questions[i]) for i in asked}
-            groups: dict[str, list[int]] = {}
+            groups: dict[tuple[str, str], list[int]] = {}
             for i in asked:
-                groups.setdefault(rendered[i].state_prefix, []).append(i)
+                # One readout per prompt head (their system texts differ anyway).
+                head = (questions[i].readout, rendered[i].state_prefix)
+                groups.setdefault(head, []).append(i)
             timings = []
             fulls = {i: self.tokenize_prompt(rendered[i].text) for i in asked}
             self._check_limits([questions[i] for i in asked], [fulls[i] for i in asked])
@@ -237,7 +245,7 @@ class DecisionEngine(EngineJobs, TokenChecks, GroupScoring):
                     [fulls[i] for i in members],
                     head,
                 )
-                for head, members in groups.items()
+                for (_, head), members in groups.items()
             ]
             # The whole request against its budget before any group's work starts.
             evaluated = sum(plan.evaluated for plan in plans)
