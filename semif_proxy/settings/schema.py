@@ -93,8 +93,9 @@ class Settings(BaseModel):
     backend_dir: Path | None = None
     # Weight repacking (llama.cpp's --repack), for the engine and every llama-server together.
     # on: each process keeps a private copy of the weights in the CPU backend's interleaved
-    # layouts; off: all of them read the one mmap'ed file. auto: off on an x86 CPU without AMX
-    # (faster there, bench/results/repack-*.json), on with AMX (repack_choice below).
+    # layouts; off: all of them read the one mmap'ed file. auto: off on every x86 CPU (faster
+    # without AMX, bench/results/repack-*.json; with AMX the repacked kernels crashed a
+    # llama-server, settings/repack.py), llama.cpp's default (on) elsewhere.
     repack: Literal["auto", "on", "off"] = "auto"
     temperature: Temperature = Temperature()
     # Fitted position priors (`semif-proxy calibrate --rows`), read with the temperatures.
