@@ -19,6 +19,12 @@ from semif_proxy.progress import bar
 from semif_proxy.testing.server import ProxyProcess
 
 RESULTS = Path(__file__).resolve().parent / "results"
+# Intervals (bench/report.py and the suites that keep their own): bootstrap resamples, a fixed
+# seed (the same files give the same intervals, byte for byte), and the fewest pairs that get
+# one (a bootstrap of 3 pairs says nothing).
+BOOTSTRAP = 10_000
+SEED = 20261201
+MIN_PAIRS = 10
 
 
 @dataclass

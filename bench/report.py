@@ -22,7 +22,8 @@ from typing import Any
 
 import numpy as np
 
-from bench.common import RESULTS
+from bench import concurrency
+from bench.common import BOOTSTRAP, MIN_PAIRS, RESULTS, SEED
 
 
 def load(suite: str, tag: str) -> dict[str, Any] | None:
@@ -255,10 +256,6 @@ MODELS = {
     "qwen2.5-1.5b": "Qwen2.5-Coder-1.5B",
 }
 Z95 = 1.959963984540054
-BOOTSTRAP = 10_000
-SEED = 20261201  # fixed: the same files give the same intervals, byte for byte
-# Fewer pairs than this get no interval (a bootstrap of 3 pairs says nothing) and no claim.
-MIN_PAIRS = 10
 PAGE = Path("docs/benchmarks.md")
 IMG = Path("docs/img")
 README_FILE = Path("README.md")
@@ -388,6 +385,30 @@ class Sources:
         return f"Data: {stamps}.{tail}"
 
 
+def load_range(values: list[float]) -> str:
+    """The 1-minute load averages a run recorded, as a range ("—": none recorded)."""
+    return f"{min(values):.1f}-{max(values):.1f}" if values else "—"
+
+
+def busy(values: list[float], cores: int = 2) -> str:
+    """A note for a headline cell where other work shared the cores during the run."""
+    return (
+        f"; load average up to {max(values):.1f} on {cores} cores"
+        if values and max(values) > cores
+        else ""
+    )
+
+
+def _floor_loads(f: dict[str, Any]) -> list[float]:
+    load = f.get("load_average") or {}
+    return [v[0] for v in (load.get("start"), load.get("end")) if v]
+
+
+def _concurrency_loads(c: dict[str, Any]) -> list[float]:
+    load = c.get("load_average") or {}
+    return [x[0] for x in [load.get("start"), *load.get("rounds", [])] if x]
+
+
 def _tags(src: Sources, suite: str) -> list[str]:
     return [t for t in MODELS if (RESULTS / f"{suite}-{t}.json").exists()]
 
@@ -404,10 +425,26 @@ def headline(src: Sources) -> list[str]:
             v = next(iter(f["lengths"].values()))
             p, lo, hi = paired_ratio(v["forward_seconds_all"], v["floor_seconds_all"])
             note = claim(hi, f.get("target_ratio", 1.05))
+            layout = v.get("floor_layout")
             put(
-                f"decision / llama-server, same ~200-token prompt ({v['repeats']} pairs)",
+                "decision / llama-server (its faster layout), same ~200-token prompt",
                 tag,
-                f"{fx(p, lo, hi)}, {note}",
+                f"{fx(p, lo, hi)}, {note} ({v['repeats']} pairs, "
+                + (f"`{layout}`" if layout else "the proxy's own llama-server")
+                + busy(_floor_loads(f), f["machine"].get("cores", 2))
+                + ")",
+            )
+        if cc := src.get(f"concurrency-{tag}.json"):
+            cs = concurrency.summarise(cc)
+            d = cs["decisions_ratio"]
+            put(
+                "decisions/s under concurrent clients, proxy / stock llama-server with as many "
+                "slots",
+                tag,
+                f"{fx(d['point'], d['lo'], d['hi'], d['n'])} ({cc['clients']} clients, "
+                f"`{cs['reference'].removeprefix('stock-')}`"
+                + busy(_concurrency_loads(cc), cc["machine"].get("cores", 2))
+                + ")",
             )
         if g := src.get(f"generation-{tag}.json"):
             r = g["rows"]
@@ -458,14 +495,17 @@ def _floor(src: Sources) -> list[str]:
     out = [
         "## A decision against llama-server's own prompt processing",
         "",
-        "The floor: llama-server's `/completion` timing of the same prompt, one token predicted, "
-        "prompt cache off, on the same machine (`bench/floor.py`). The ratio is of the medians "
-        "(the engine's forward pass / llama-server's prompt time); its interval resamples the "
-        "pairs.",
+        "The floor: a stock llama-server's `/completion` timing of the same prompt, one token "
+        "predicted, prompt cache off, on the same machine (`bench/floor.py`), in both weight "
+        "layouts (`repack`, llama.cpp's default, and `no-repack`), each its own process, "
+        "measured in turn after every decision; each row is measured against the faster layout "
+        "(by median), the machine's best. Files without a layout are older runs, measured "
+        "against the proxy's own llama-server. The ratio is of the medians (the engine's "
+        "forward pass / llama-server's prompt time); its interval resamples the pairs.",
         "",
-        "| model | prompt tokens | pairs | decision p50 | llama-server p50 | ratio [95 % CI] | "
-        "target |",
-        "|---|---|---|---|---|---|---|",
+        "| model | prompt tokens | pairs | decision p50 | llama-server p50 (faster layout) | "
+        "other layout p50 | ratio [95 % CI] | target | load average |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for tag, label in MODELS.items():
         for name in (f"floor-200-{tag}.json", f"floor-{tag}.json"):
@@ -474,12 +514,94 @@ def _floor(src: Sources) -> list[str]:
                 continue
             for v in f["lengths"].values():
                 p, lo, hi = paired_ratio(v["forward_seconds_all"], v["floor_seconds_all"])
+                layout = v.get("floor_layout")
+                others = {
+                    k: x for k, x in v.get("floor_seconds_by_layout", {}).items() if k != layout
+                }
+                other = ", ".join(f"{x:.2f} s (`{k}`)" for k, x in others.items()) or "—"
                 out.append(
                     f"| {label} | {v['prompt_tokens']:,.0f} | {v['repeats']} | "
-                    f"{v['decision_forward_seconds']:.2f} s | {v['floor_seconds']:.2f} s | "
-                    f"{fx(p, lo, hi, v['repeats'])} | {claim(hi, f.get('target_ratio', 1.05))} |"
+                    f"{v['decision_forward_seconds']:.2f} s | {v['floor_seconds']:.2f} s "
+                    + (f"(`{layout}`)" if layout else "(the proxy's own)")
+                    + f" | {other} | {fx(p, lo, hi, v['repeats'])} | "
+                    f"{claim(hi, f.get('target_ratio', 1.05))} | "
+                    f"{load_range(_floor_loads(f))} |"
                 )
-    out += ["", src.line(), "", "![latency against the floor](img/floor.png)", ""]
+    out += [
+        "",
+        "Load average: the 1-minute load average at the start and end of the run, where the file "
+        "records it (2 cores: above 2, other work shared the machine and the times carry it).",
+        "",
+        src.line(),
+        "",
+        "![latency against the floor](img/floor.png)",
+        "",
+    ]
+    return out
+
+
+def _concurrency(src: Sources) -> list[str]:
+    tags = _tags(src, "concurrency")
+    if not tags:
+        return []
+    out = [
+        "## Concurrent clients: the proxy against a stock llama-server",
+        "",
+        "`concurrency` (`bench/concurrency.py`): N clients send M distinct decisions a round "
+        "(each client takes the next once its last is answered; a new state for every prompt of "
+        "every round) to the proxy's `/v1/decisions`, as a default server runs, and to a stock "
+        "llama-server started with `--parallel N`, asked for the same prompt text as "
+        "`/completion`, one token predicted with the top log-probabilities; then each client "
+        "asks each side for one short chat completion (EOS ignored: every answer as long). The "
+        "sides alternate within the run (A B, B A, ...). The stock server runs in the weight "
+        "layout a default server runs on the machine, or in both (then the proxy is compared "
+        "with the faster). A rate is the work done per second of busy time (each request's "
+        "share of the time: the integral over its span of 1 / requests in flight); its 95 % "
+        "interval is a bootstrap of the requests (all rounds pooled, so it carries how this "
+        "run's decisions and rounds differ, not how another day's run would); the ratio pairs "
+        "each prompt with itself on the other side.",
+        "",
+        "| model | clients; prompts x rounds | prompt tokens p50 | proxy decisions/s | stock "
+        "llama-server decisions/s | proxy / stock | proxy chat tokens/s | stock chat tokens/s "
+        "| chat proxy / stock | load average |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for tag in tags:
+        c = src.get(f"concurrency-{tag}.json")
+        assert c is not None
+        s = concurrency.summarise(c)
+        d, ch = s["decisions_per_s"], s["chat_tokens_per_s"]
+
+        def stock(rates: dict[str, Any], ref: str, digits: int) -> str:
+            return "; ".join(
+                f"{concurrency.fmt_rate(v, digits)} (`{name.removeprefix('stock-')}`"
+                + (", compared" if name == ref and len(rates) > 2 else "")
+                + ")"
+                for name, v in rates.items()
+                if name != concurrency.PROXY
+            )
+
+        def ratio(r: dict[str, Any] | None) -> str:
+            return fx(r["point"], r["lo"], r["hi"], r["n"]) if r else "—"
+
+        loads = _concurrency_loads(c)
+        chat_ref = s.get("chat_reference", "")
+        out.append(
+            f"| {MODELS[tag]} | {c['clients']}; {c['prompts_per_round']} x {c['rounds']} | "
+            f"{s['prompt_tokens']['p50']:,.0f} | {concurrency.fmt_rate(d['proxy'])} | "
+            f"{stock(d, s['reference'], 3)} | {ratio(s['decisions_ratio'])} | "
+            + (concurrency.fmt_rate(ch["proxy"], 1) if ch else "—")
+            + f" | {stock(ch, chat_ref, 1) if ch else '—'} | {ratio(s.get('chat_ratio'))} | "
+            f"{load_range(loads)} |"
+        )
+    out += [
+        "",
+        "Load average: the 1-minute load average at the start and after each round (2 cores: "
+        "above 2, other work shared the machine).",
+        "",
+        src.line(),
+        "",
+    ]
     return out
 
 
@@ -911,9 +1033,9 @@ def docs_markdown() -> str:
         "",
         "Run them: `make bench` (SmolLM2, then Qwen2.5-Coder-0.5B), or one suite on any GGUF: "
         "`python -m bench --model M.gguf --tag T SUITE` (suites: `jevbench`, `generation`, "
-        "`order`, `overhead`, `shared`, `prefix`, `scaling`, `floor`, `split`, `prior`, "
-        "`options`, `labels`, `mixed`, `mixed_rounds`, `startup`); `python -m bench --endpoint "
-        "http://host:8080 SUITE` measures a running server. Then `make docs`.",
+        "`order`, `overhead`, `shared`, `prefix`, `scaling`, `floor`, `concurrency`, `split`, "
+        "`prior`, `options`, `labels`, `mixed`, `mixed_rounds`, `startup`); `python -m bench "
+        "--endpoint http://host:8080 SUITE` measures a running server. Then `make docs`.",
         "",
         "## Headline",
         "",
@@ -922,6 +1044,7 @@ def docs_markdown() -> str:
         src.line(),
         "",
         *_floor(src),
+        *_concurrency(src),
         *_split(src),
         *_shared(src),
         *_accuracy(src),
@@ -947,6 +1070,8 @@ def docs_markdown() -> str:
                 why = "its reliability diagram is docs/img/eval-reliability.png (docs/eval.md)"
             elif name.startswith(("memory-", "repack-")):
                 why = "docs/memory.md (`python -m bench.memory --table`)"
+            elif name.startswith("readouts-"):
+                why = "docs/readouts.md (`python -m bench.readouts --docs`)"
             elif name.endswith(".md"):
                 why = "a hand-written note of an earlier run"
             elif name.endswith(".png"):

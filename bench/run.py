@@ -14,11 +14,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench import common, floor, memory, mixed, options, prior, split, startup, suites
+from bench import common, concurrency, floor, memory, mixed, options, prior, split, startup, suites
 
 SUITES = ("jevbench", "generation", "order", "overhead", "shared", "prefix", "scaling", "floor")
 # Suites that start their own servers (several configurations, or the start itself).
-# (`split` and `repack` run the engine in-process, no server.)
+# (`split` and `repack` run the engine in-process, no server; `concurrency` starts the proxy
+# and a stock llama-server.)
 OWN_SERVERS = (
     "mixed",
     "mixed_rounds",
@@ -29,6 +30,7 @@ OWN_SERVERS = (
     "split",
     "memory",
     "repack",
+    "concurrency",
 )
 # `all` (make bench): prior, options and labels are left out, each its own long run (README).
 IN_ALL = (*SUITES, "mixed", "startup", "split")
@@ -64,10 +66,12 @@ def run_suite(name: str, server: Any, args: argparse.Namespace) -> dict[str, Any
     if name == "shared":
         return suites.shared(server, questions=21, rounds=max(2, args.repeats // 10))
     if name == "floor":
+        # With a model file, the floor is a stock llama-server in each weight layout (the
+        # faster per row); against --endpoint, that server's own llama-server.
         if args.floor_lengths:
             lengths = tuple(int(n) for n in args.floor_lengths.split(","))
-            return floor.run(server.url, lengths, repeats=args.repeats)
-        return floor.run(server.url, repeats=max(2, args.repeats // 10))
+            return floor.run(server.url, lengths, repeats=args.repeats, model=args.model)
+        return floor.run(server.url, repeats=max(2, args.repeats // 10), model=args.model)
     if name == "prefix":
         return suites.prefix_cache(server, state_tokens=1200, rounds=max(2, args.repeats // 10))
     return suites.scaling(
@@ -104,10 +108,18 @@ def headline(name: str, r: dict[str, Any]) -> str:
                 part += f", the second llama-server {own:.0f} MiB of its own"
             parts.append(part)
         return "; ".join(parts)
+    if name == "concurrency":
+        return concurrency.headline(r)
     if name == "floor":
+
+        def layouts(row: dict[str, Any]) -> str:
+            by = row.get("floor_seconds_by_layout", {})
+            return ", ".join(f"{k} {v:.2f} s" for k, v in by.items())
+
         return (
             "; ".join(
-                f"{row['prompt_tokens']:.0f} tokens: forward/floor "
+                f"{row['prompt_tokens']:.0f} tokens: floor {row.get('floor_layout', 'own')} "
+                f"({layouts(row)}), forward/floor "
                 f"{row['forward_over_floor']:.2f}x (paired "
                 f"{row.get('forward_over_floor_paired_p50', float('nan')):.2f}x), HTTP/floor "
                 f"{row['http_over_floor']:.2f}x"
@@ -250,6 +262,29 @@ def main(argv: list[str] | None = None) -> int:
         help="floor: these prompt lengths only (e.g. 200), --repeats pairs each, written to "
         "floor-<lengths>-<tag>.json",
     )
+    parser.add_argument("--clients", type=int, default=4, help="concurrency: concurrent clients")
+    parser.add_argument(
+        "--prompts", type=int, default=16, help="concurrency: distinct decisions per round"
+    )
+    parser.add_argument(
+        "--rounds", type=int, default=4, help="concurrency: rounds, the sides alternating"
+    )
+    parser.add_argument(
+        "--concurrency-tokens", type=int, default=290, help="concurrency: prompt tokens, about"
+    )
+    parser.add_argument(
+        "--concurrency-chat-tokens",
+        type=int,
+        default=32,
+        help="concurrency: each client's chat answer per round and side (0: no chat)",
+    )
+    parser.add_argument(
+        "--stock-layouts",
+        default="same",
+        choices=("same", "both"),
+        help="concurrency: the stock llama-server in the default server's weight layout here, "
+        "or in both (the proxy compared with the faster)",
+    )
     parser.add_argument(
         "--memory-ctx",
         type=int,
@@ -298,6 +333,16 @@ def main(argv: list[str] | None = None) -> int:
                 file_name = f"memory-ctx{'model' if args.memory_ctx < 0 else args.memory_ctx}"
         elif name == "repack":
             result = memory.prefill(args.model)
+        elif name == "concurrency":
+            result = concurrency.run(
+                args.model,
+                n_clients=args.clients,
+                n_prompts=args.prompts,
+                rounds=args.rounds,
+                tokens=args.concurrency_tokens,
+                chat_tokens=args.concurrency_chat_tokens,
+                stock_layouts=args.stock_layouts,
+            )
         elif name == "mixed_rounds":
             a, b = (d.strip() for d in args.mixed_designs.split(","))
             gap = args.mixed_chat_gap

@@ -21,7 +21,15 @@ from semif_proxy.http.keys import (
 )
 from semif_proxy.http.metrics import Metrics
 from semif_proxy.http.middleware import request_middleware
-from semif_proxy.http.routes import decisions, health, invocations, playground, proxy, systemone
+from semif_proxy.http.routes import (
+    batch_transform,
+    decisions,
+    health,
+    invocations,
+    playground,
+    proxy,
+    systemone,
+)
 from semif_proxy.settings import Settings
 
 
@@ -44,7 +52,7 @@ def create_app(settings: Settings, on_fatal: Callable[[], None] | None = None) -
     app.router.add_get("/health", health.health)
     app.router.add_get("/metrics", health.metrics)
     app.router.add_post("/invocations", invocations.invocations)
-    app.router.add_get("/execution-parameters", invocations.execution_parameters)
+    app.router.add_get("/execution-parameters", batch_transform.execution_parameters)
     app.router.add_post("/v1/decisions", decisions.decisions)
     app.router.add_post("/v1/systemone", systemone.systemone_route)
     app.router.add_post("/v1/systemone/batch", systemone.batch_route)

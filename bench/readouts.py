@@ -1,0 +1,343 @@
+"""`python -m bench.readouts`: every JevBench task under each readout of issue #35, in-process
+on the real engine (the services the routes run, no HTTP), with and without permutations.
+
+    python -m bench.readouts --model M.gguf --tag TAG [--configs ...] [--permutations 1,N]
+    python -m bench.readouts --summary --tag TAG   # bench/results/readouts-TAG.json again
+    python -m bench.readouts --docs [--out ROOT]   # docs/readouts.md and its plot
+
+Each answered task is one line of bench/results/readouts-TAG.jsonl (config, permutations, task
+id: predicted, expected, correct, the probabilities of both, seconds, input tokens, type, split,
+family), written as it is answered: a rerun skips the lines there (a run can stop at any point,
+or after --max-minutes, and go on later). The file's first line is the fingerprint (model
+sha256, prompt versions); rows of another model or prompt are refused unless --fresh.
+
+`direct` reads the model's own yes/no or level-number words and applies to noul and score
+questions only: choice questions are asked with letters under it (their rows say
+`applied: letters`; that request is the letters config's, whose row is reused where there is
+one, `copied_from`). Permutations `N` is each task's option count (every cyclic order).
+Default server settings (`load_settings(env={})`: no SEMIF_* of the environment), prefix cache
+on, as served. The summary (per config, split and question type: accuracy with a Wilson 95 %
+interval, the paired difference against letters with a bootstrap 95 % interval, ECE, latency,
+cost against letters) is bench/readouts_summary.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.readouts_rows import fingerprint, read_rows, row_key
+from semif_proxy.eval.jevbench import Task, label_probabilities, predicted_label, read_tasks
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "bench" / "results"
+TASKS_DIR = ROOT.parent / "shared" / "jevbench"
+MODEL = Path(os.environ.get("SEMIF_CACHE_DIR", Path.home() / ".cache" / "semif-proxy"))
+MODEL = MODEL / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
+SPLITS = ("easy", "original", "hard")
+# The question fields of each configuration (none: the defaults, i.e. letters).
+CONFIGS: dict[str, dict[str, str]] = {
+    "letters": {},
+    "continuation-sum": {"readout": "continuation", "normalization": "sum"},
+    "continuation-mean": {"readout": "continuation", "normalization": "mean"},
+    "continuation-pmi": {"readout": "continuation", "normalization": "pmi"},
+    "direct": {"readout": "direct"},
+    "letters+contextual": {"bias_correction": "contextual"},
+    "continuation-pmi+contextual": {
+        "readout": "continuation",
+        "normalization": "pmi",
+        "bias_correction": "contextual",
+    },
+    "direct+contextual": {"readout": "direct", "bias_correction": "contextual"},
+}
+DIRECT_TYPES = ("noul", "score")
+# What each row keeps of the answer's `semif.timing` (where the seconds went).
+ENGINE_TIMING = ("prefill_seconds", "suffix_seconds", "suffix_tokens", "prefix_reused_tokens")
+
+
+def fields_for(config: str, kind: str) -> tuple[dict[str, str], str]:
+    """The question fields a config adds for a question type, and the readout applied."""
+    fields = dict(CONFIGS[config])
+    if fields.get("readout") == "direct" and kind not in DIRECT_TYPES:
+        fields.pop("readout")  # direct reads yes/no or levels only: choice keeps letters
+    return fields, fields.get("readout", "letters")
+
+
+def option_count(task: Task) -> int:
+    criteria = task.row["question"].get("criteria")
+    return 2 if task.kind == "noul" else len(criteria or ())
+
+
+def asked_permutations(spec: str, task: Task) -> int:
+    return option_count(task) if spec == "N" else int(spec)
+
+
+def body_for(task: Task, config: str, spec: str) -> dict[str, Any]:
+    fields, _ = fields_for(config, task.kind)
+    body = task.request()
+    body["questions"]["q"] = {**task.row["question"], **fields}
+    body["permutations"] = asked_permutations(spec, task)
+    return body
+
+
+def load_tasks(directory: Path, splits: list[str], limit: int | None) -> list[Task]:
+    out = []
+    for split in splits:
+        path = directory / f"{split}.jsonl"
+        chosen = list(read_tasks([path])) if path.exists() else []
+        out += chosen[:limit] if limit else chosen
+    return out
+
+
+def twin(config: str, kind: str) -> str | None:
+    """The first other config that asks a question of this type exactly as `config` does
+    (direct on a choice question: letters)."""
+    fields = fields_for(config, kind)[0]
+    return next((c for c in CONFIGS if c != config and fields_for(c, kind)[0] == fields), None)
+
+
+def copied(rows: dict[tuple, dict], task: Task, config: str, spec: str) -> dict | None:
+    """The twin config's row of this task, as this config's (the same request: asking it
+    again would give the same numbers), or None where there is none yet."""
+    other = twin(config, task.kind)
+    row = rows.get((other, spec, task.file, task.id)) if other else None
+    if row is None or "error" in row:
+        return None
+    return row | {"config": config, "copied_from": other}
+
+
+def answer_row(engine: Any, task: Task, config: str, spec: str) -> dict[str, Any]:
+    """One task under one config: asked through the System One service, timed."""
+    from semif_proxy.api import services
+    from semif_proxy.errors import ApiError
+
+    _, applied = fields_for(config, task.kind)
+    row: dict[str, Any] = {
+        "config": config,
+        "permutations": spec,
+        "permutations_asked": asked_permutations(spec, task),
+        "split": task.file,
+        "id": task.id,
+        "type": task.kind,
+        "family": task.row.get("family"),
+        "applied": applied,
+        "expected": task.expected,
+    }
+    service = services.SERVICES["systemone"]
+    load1 = os.getloadavg()[0]
+    start, cpu = time.perf_counter(), time.process_time()
+    try:
+        planned = service.plan(body_for(task, config, spec), engine.settings, engine.sha256)
+        answered = service.answer(engine, planned)
+    except ApiError as exc:
+        return row | {"error": f"{exc.status}: {str(exc)[:300]}", "load1": load1}
+    seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
+    answer = answered.body["answers"]["q"]
+    timing = answered.body.get("semif", {}).get("timing", {})
+    probs = label_probabilities(answer)
+    predicted = predicted_label(answer)
+    return row | {
+        "predicted": predicted,
+        "correct": predicted == task.expected,
+        "p_predicted": probs[predicted],
+        "p_expected": probs.get(task.expected, 0.0),
+        "probabilities": probs,
+        "readout": answer.get("readout"),
+        "prompt_version": answer.get("prompt_version"),
+        "seconds": seconds,
+        # CPU seconds of this process (every engine thread): less moved by other work than
+        # `seconds` on a shared machine, though threads that spin while others wait add some.
+        "cpu_seconds": cpu,
+        "engine_timing": {k: timing.get(k) for k in ENGINE_TIMING},
+        "input_tokens": answered.input_tokens,
+        "load1": load1,
+    }
+
+
+def refused(engine: Any, chosen: list[Task], runs: list[tuple[str, str]]) -> list[str]:
+    """Configs the API does not take (planned on one task of each type, nothing asked)."""
+    from semif_proxy.api import services
+    from semif_proxy.errors import ApiError
+
+    problems = []
+    for config, spec in runs:
+        for kind in sorted({t.kind for t in chosen}):
+            task = next(t for t in chosen if t.kind == kind)
+            try:
+                body = body_for(task, config, spec)
+                services.SERVICES["systemone"].plan(body, engine.settings, engine.sha256)
+            except ApiError as exc:
+                problems.append(f"{config} (permutations {spec}, {kind}): {str(exc)[:200]}")
+    return problems
+
+
+def load_engine(model: Path) -> Any:
+    from semif_proxy.engine.worker import DecisionEngine
+    from semif_proxy.settings import load_settings
+
+    return DecisionEngine.load(load_settings(env={}, model=str(model), chat=False))
+
+
+def run(args: argparse.Namespace, out: Path) -> int:
+    from bench.readouts_summary import write_summary
+    from semif_proxy.model.files import model_sha256
+    from semif_proxy.progress import bar, note
+
+    chosen = load_tasks(args.tasks_dir, args.splits, args.limit)
+    if not chosen:
+        print(f"no tasks for splits {args.splits} in {args.tasks_dir}", file=sys.stderr)
+        return 2
+    rows_file = out / f"readouts-{args.tag}.jsonl"
+    header, rows = read_rows(rows_file)
+    wanted = fingerprint(args.model, model_sha256(args.model))
+    if header is not None and header != wanted and not args.fresh:
+        print(
+            f"{rows_file} holds rows of another run (fingerprint {json.dumps(header)}; this "
+            f"one {json.dumps(wanted)}): use another --tag, or --fresh to discard them",
+            file=sys.stderr,
+        )
+        return 2
+    if args.fresh or header is None:
+        out.mkdir(parents=True, exist_ok=True)
+        rows_file.write_text(json.dumps({"fingerprint": wanted}) + "\n", encoding="utf-8")
+        rows = {}
+    runs = [(c, p) for c in args.configs for p in args.permutations]
+    todo = {
+        run: [
+            t
+            for t in chosen
+            if (*run, t.file, t.id) not in rows or "error" in rows[(*run, t.file, t.id)]
+        ]
+        for run in runs
+    }
+    if not any(todo.values()):
+        note(f"nothing to ask: every row is in {rows_file}")
+        write_summary(rows_file, out / f"readouts-{args.tag}.json", args.tag)
+        return 0
+    note(f"loading {args.model.name} (load average {os.getloadavg()[0]:.1f})")
+    engine = load_engine(args.model)
+    deadline = time.monotonic() + args.max_minutes * 60 if args.max_minutes else None
+    stopped = False
+    # A kill (SIGTERM) ends the run through `finally`: the summary still gets written.
+    previous = signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    try:
+        problems = refused(engine, chosen, [r for r in runs if todo[r]])
+        if problems:
+            print(
+                "the System One API refuses (has issue #35's readout landed?):\n  "
+                + "\n  ".join(problems),
+                file=sys.stderr,
+            )
+            return 2
+        answer_row(engine, chosen[0], "letters", "1")  # warm-up, not recorded
+        with rows_file.open("a", encoding="utf-8") as f:
+            if not rows_file.read_bytes().endswith(b"\n"):
+                f.write("\n")  # after a line cut short
+            for config, spec in runs:
+                left = todo[(config, spec)]
+                started = time.monotonic()
+                with bar(total=len(chosen), desc=f"{config} p={spec}") as shown:
+                    shown.update(len(chosen) - len(left))
+                    for task in left:
+                        if deadline is not None and time.monotonic() > deadline:
+                            stopped = True
+                            break
+                        row = copied(rows, task, config, spec) or answer_row(
+                            engine, task, config, spec
+                        )
+                        rows[row_key(row)] = row
+                        f.write(json.dumps(row) + "\n")
+                        f.flush()
+                        shown.update(1)
+                note(f"{config} permutations {spec}: {time.monotonic() - started:.0f} s")
+                if stopped:
+                    break
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        engine.close()
+        path = write_summary(rows_file, out / f"readouts-{args.tag}.json", args.tag)
+        note(f"wrote {path}")
+    if stopped:
+        note(f"stopped after --max-minutes {args.max_minutes:g}: run it again to go on")
+    return 0
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.readouts",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    parser.add_argument("--model", type=Path, default=MODEL, help="the GGUF to ask")
+    parser.add_argument("--tag", help="results name (None: the model file's stem, lower case)")
+    parser.add_argument(
+        "--configs", default=",".join(CONFIGS), help=f"comma-separated, of: {', '.join(CONFIGS)}"
+    )
+    parser.add_argument(
+        "--permutations", default="1,N", help="comma-separated counts; N: each task's options"
+    )
+    parser.add_argument("--splits", default=",".join(SPLITS), help="JevBench files to ask")
+    parser.add_argument("--limit", type=int, help="the first N tasks of each split")
+    parser.add_argument("--tasks-dir", type=Path, default=TASKS_DIR, help="JevBench's files")
+    parser.add_argument("--results-dir", type=Path, default=RESULTS, help="rows and summary")
+    parser.add_argument("--max-minutes", type=float, help="stop starting tasks after this long")
+    parser.add_argument("--fresh", action="store_true", help="discard the rows already there")
+    parser.add_argument("--summary", action="store_true", help="only rewrite the summary")
+    parser.add_argument("--docs", action="store_true", help="only write docs/readouts.md")
+    parser.add_argument("--out", type=Path, help="with --docs: root to write under")
+    args = parser.parse_args(argv)
+    args.configs = [c.strip() for c in args.configs.split(",") if c.strip()]
+    unknown = [c for c in args.configs if c not in CONFIGS]
+    if unknown or not args.configs:
+        parser.error(f"--configs: unknown {unknown}; known: {', '.join(CONFIGS)}")
+    args.permutations = [p.strip().upper() for p in args.permutations.split(",") if p.strip()]
+    for p in args.permutations:
+        if p != "N" and not (p.isdigit() and 1 <= int(p) <= 255):
+            parser.error(f"--permutations: {p!r} is neither 1..255 nor N")
+    args.splits = [s.strip() for s in args.splits.split(",") if s.strip()]
+    if not args.splits:
+        parser.error("--splits: none given")
+    if args.limit is not None and args.limit < 1:
+        parser.error("--limit must be at least 1")
+    if args.max_minutes is not None and args.max_minutes <= 0:
+        parser.error("--max-minutes must be positive")
+    args.tag = args.tag or args.model.stem.lower()
+    if not args.docs and not args.summary:
+        if not args.model.is_file():
+            parser.error(f"--model: no such file {args.model} (make model)")
+        if not args.tasks_dir.is_dir():
+            parser.error(
+                f"--tasks-dir: no JevBench task files at {args.tasks_dir} (they live beside "
+                "the checkout in ../shared/jevbench; point --tasks-dir at a copy)"
+            )
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.docs:
+        from bench.readouts_docs import write_docs
+
+        for path in write_docs(args.out or ROOT, args.results_dir):
+            print(f"wrote {path}", file=sys.stderr)
+        return 0
+    if args.summary:
+        from bench.readouts_summary import write_summary
+
+        rows_file = args.results_dir / f"readouts-{args.tag}.jsonl"
+        if not rows_file.exists():
+            print(f"no rows at {rows_file}: run the benchmark first", file=sys.stderr)
+            return 2
+        print(write_summary(rows_file, args.results_dir / f"readouts-{args.tag}.json", args.tag))
+        return 0
+    return run(args, args.results_dir)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,50 @@
+"""The rows file of `python -m bench.readouts` (bench/results/readouts-TAG.jsonl): its first
+line the fingerprint of what was measured, then one line per (config, permutations, task)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+FORMAT = 1
+
+
+def row_key(row: dict[str, Any]) -> tuple[str, str, str, str]:
+    return (row["config"], str(row["permutations"]), row["split"], row["id"])
+
+
+def fingerprint(model: Path, sha256: str) -> dict[str, Any]:
+    from semif_proxy.engine import readout_prompts
+    from semif_proxy.engine.prompt import NUMBER_LABELS, PROMPT_VERSION
+
+    return {
+        "format": FORMAT,
+        "model": model.name,
+        "model_sha256": sha256,
+        "prompt_versions": {
+            "letters": PROMPT_VERSION,
+            "numbers": NUMBER_LABELS.prompt_version,
+            "continuation": readout_prompts.CONTINUATION_VERSION,
+            "direct_yes_no": readout_prompts.YES_NO_VERSION,
+            "direct_levels": readout_prompts.LEVELS_VERSION,
+        },
+    }
+
+
+def read_rows(path: Path) -> tuple[dict[str, Any] | None, dict[tuple, dict[str, Any]]]:
+    """The fingerprint line and the rows by key (a later line of a key wins: a retried error)."""
+    header, rows = None, {}
+    if path.exists():
+        for line in path.read_text(encoding="utf-8").splitlines():
+            if not line.strip():
+                continue
+            try:
+                item = json.loads(line)
+            except ValueError:
+                continue  # a line cut short by a kill: that task is asked again
+            if "fingerprint" in item:
+                header = header or item["fingerprint"]
+            else:
+                rows[row_key(item)] = item
+    return header, rows

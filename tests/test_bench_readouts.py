@@ -1,0 +1,187 @@
+"""`python -m bench.readouts`: its statistics against independent references, docs/readouts.md
+against what its generator writes now, and the runner (rows, summary, resume) on three
+JevBench-like tasks with the small model."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from bench import readouts
+from bench.readouts_stats import ece, paired_bootstrap, percentile, wilson
+from semif_proxy.calibration.temperature import ece as package_ece
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+# -- (a) the statistics ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("k", "n", "lo", "hi"),
+    [
+        (8, 10, 0.490, 0.943),  # the textbook example
+        # Newcombe (1998), Stat Med 17:857, Table II, method 3 (score interval, no correction)
+        (81, 263, 0.2553, 0.3662),
+        (15, 148, 0.0624, 0.1605),
+        (0, 20, 0.0, 0.1611),
+        (1, 29, 0.0061, 0.1718),
+        (29, 29, 0.8830, 1.0),
+    ],
+)
+def test_wilson_matches_published_values(k: int, n: int, lo: float, hi: float) -> None:
+    got = wilson(k, n)
+    assert got == pytest.approx((lo, hi), abs=6e-4)
+
+
+def test_wilson_without_samples_says_nothing() -> None:
+    assert wilson(0, 0) == (0.0, 1.0)
+
+
+def test_paired_bootstrap_agrees_with_the_normal_approximation() -> None:
+    rng = np.random.default_rng(7)
+    a = (rng.random(600) < 0.6).astype(float)
+    b = (rng.random(600) < 0.5).astype(float)
+    mean, lo, hi = paired_bootstrap(list(a), list(b))
+    d = a - b
+    half = 1.959964 * d.std(ddof=1) / np.sqrt(len(d))
+    assert mean == pytest.approx(d.mean())
+    assert lo == pytest.approx(d.mean() - half, abs=0.01)
+    assert hi == pytest.approx(d.mean() + half, abs=0.01)
+    assert paired_bootstrap(list(a), list(b)) == (mean, lo, hi)  # a fixed seed
+
+
+def test_paired_bootstrap_edge_cases() -> None:
+    assert paired_bootstrap([1.0] * 5, [0.0] * 5) == (1.0, 1.0, 1.0)
+    assert paired_bootstrap([], []) is None
+    with pytest.raises(ValueError):
+        paired_bootstrap([1.0], [])
+
+
+def test_ece_by_hand_and_against_the_package() -> None:
+    # Bin 9: accuracy 0.5, confidence 0.95; bin 5: accuracy 1, confidence 0.55; half each.
+    assert ece([0.95, 0.95, 0.55, 0.55], [True, False, True, True]) == pytest.approx(0.45)
+    assert ece([1.0, 0.0], [True, False]) == pytest.approx(0.0)
+    assert ece([], []) == 0.0
+    rng = np.random.default_rng(3)
+    conf = list(rng.random(500))
+    hits = list(rng.random(500) < 0.7)
+    assert ece(conf, hits) == pytest.approx(package_ece(conf, hits), abs=1e-12)
+
+
+def test_percentile_is_numpys_linear() -> None:
+    values = [3.0, 1.0, 4.0, 1.5, 9.0, 2.6]
+    for q in (0, 10, 50, 95, 100):
+        assert percentile(values, q) == pytest.approx(float(np.percentile(values, q)))
+    assert percentile([], 50) is None
+
+
+# -- (b) the generated page -----------------------------------------------------------------
+
+
+def test_readouts_page_is_current(tmp_path: Path) -> None:
+    assert readouts.main(["--docs", "--out", str(tmp_path)]) == 0
+    page = tmp_path / "docs" / "readouts.md"
+    assert page.read_text() == (ROOT / "docs" / "readouts.md").read_text(), (
+        "docs/readouts.md differs from what `python -m bench.readouts --docs` writes now"
+    )
+    plot = tmp_path / "docs" / "img" / "readouts.png"
+    if plot.exists() and importlib.util.find_spec("matplotlib"):
+        assert plot.read_bytes() == (ROOT / "docs" / "img" / "readouts.png").read_bytes()
+
+
+# -- (c) the runner -------------------------------------------------------------------------
+
+TASKS = [
+    {
+        "id": "mini-noul-0",
+        "family": "policy",
+        "expected": "no",
+        "question": {"type": "noul", "instructions": "Is the refund allowed? Receipt required."},
+        "state": "The customer has no receipt.",
+    },
+    {
+        "id": "mini-choice-0",
+        "family": "intent",
+        "expected": "cancel",
+        "question": {
+            "type": "choice",
+            "instructions": "Which intent does the message express?",
+            "criteria": {"cancel": "Wants to cancel an order", "track": "Asks where it is"},
+        },
+        "state": "Please cancel my order, I do not need it.",
+    },
+    {
+        "id": "mini-score-0",
+        "family": "ordinal",
+        "expected": 0,
+        "question": {
+            "type": "score",
+            "instructions": "Rate the impact.",
+            "criteria": ["Cosmetic only", "One user blocked", "Data lost"],
+        },
+        "state": "An icon is misaligned; everything works.",
+    },
+]
+
+
+# A model load and six questions (two prompts each, continuation's several branches): about a
+# minute on two free cores, more on a shared machine.
+@pytest.mark.timeout(600)
+def test_runner_writes_rows_and_summary_and_resumes(tmp_path: Path, model_path: Path) -> None:
+    tasks_dir = tmp_path / "tasks"
+    tasks_dir.mkdir()
+    (tasks_dir / "easy.jsonl").write_text("".join(json.dumps(t) + "\n" for t in TASKS))
+    out = tmp_path / "results"
+    argv = [
+        *("--model", str(model_path), "--tag", "mini", "--permutations", "1"),
+        *("--configs", "letters,continuation-mean", "--splits", "easy"),
+        *("--tasks-dir", str(tasks_dir), "--results-dir", str(out)),
+    ]
+    assert readouts.main(argv) == 0
+    rows_file = out / "readouts-mini.jsonl"
+    lines = [json.loads(x) for x in rows_file.read_text().splitlines()]
+    assert "fingerprint" in lines[0]
+    rows = lines[1:]
+    assert len(rows) == 6
+    assert {(r["config"], r["id"]) for r in rows} == {
+        (c, t["id"]) for c in ("letters", "continuation-mean") for t in TASKS
+    }
+    for r in rows:
+        assert "error" not in r, r
+        assert r["correct"] == (r["predicted"] == r["expected"])
+        assert 0.0 <= r["p_expected"] <= r["p_predicted"] == max(r["probabilities"].values())
+        assert r["seconds"] > 0 and r["input_tokens"] > 0
+        assert r["split"] == "easy" and r["family"] and r["type"] in ("noul", "choice", "score")
+    assert {r["readout"] for r in rows if r["config"] == "continuation-mean"} == {
+        "continuation-logprobs"
+    }
+    summary = json.loads((out / "readouts-mini.json").read_text())
+    cont = summary["runs"]["continuation-mean@1"]["by"]["all"]["all"]
+    assert cont["n"] == 3 and cont["vs_letters"]["pairs"] == 3
+    assert summary["runs"]["letters@1"]["by"]["easy"]["noul"]["n"] == 1
+
+    before = rows_file.read_text()
+    assert readouts.main(argv) == 0  # every row is there: nothing asked, nothing added
+    assert rows_file.read_text() == before
+
+    other = json.loads(before.splitlines()[0])
+    other["fingerprint"]["model_sha256"] = "0" * 64
+    rows_file.write_text(json.dumps(other) + "\n" + "".join(before.splitlines(True)[1:]))
+    assert readouts.main(argv) == 2  # rows of another model: refused, untouched
+    assert len(rows_file.read_text().splitlines()) == 7
+
+
+def test_usage_errors_exit_2(tmp_path: Path) -> None:
+    for argv in (
+        ["--configs", "nope"],
+        ["--permutations", "0"],
+        ["--tasks-dir", str(tmp_path / "x")],
+    ):
+        with pytest.raises(SystemExit) as exc:
+            readouts.main(argv)
+        assert exc.value.code == 2
