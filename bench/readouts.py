@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.readouts_rows import fingerprint, read_rows, row_key
+from bench.readouts_rows import compatible, fingerprint, read_rows, row_key
 from semif_proxy.eval.jevbench import Task, label_probabilities, predicted_label, read_tasks
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -55,6 +55,8 @@ CONFIGS: dict[str, dict[str, str]] = {
         "bias_correction": "contextual",
     },
     "direct+contextual": {"readout": "direct", "bias_correction": "contextual"},
+    # The model writes up to 64 tokens first (the default budget), then its letter is read.
+    "deliberate": {"readout": "deliberate"},
 }
 DIRECT_TYPES = ("noul", "score")
 # What each row keeps of the answer's `semif.timing` (where the seconds went).
@@ -196,6 +198,12 @@ def run(args: argparse.Namespace, out: Path) -> int:
     rows_file = out / f"readouts-{args.tag}.jsonl"
     header, rows = read_rows(rows_file)
     wanted = fingerprint(args.model, model_sha256(args.model))
+    if header is not None and header != wanted and compatible(header, wanted):
+        # A readout added since: its version joins the header, the rows stay.
+        lines = rows_file.read_text(encoding="utf-8").splitlines(keepends=True)
+        lines[0] = json.dumps({"fingerprint": wanted}) + "\n"
+        rows_file.write_text("".join(lines), encoding="utf-8")
+        header = wanted
     if header is not None and header != wanted and not args.fresh:
         print(
             f"{rows_file} holds rows of another run (fingerprint {json.dumps(header)}; this "

@@ -84,6 +84,61 @@ def section(s: dict[str, Any]) -> list[str]:
     return [*out, ""]
 
 
+# The rule for a default (issue #35): on the realistic model, over every task, a readout whose
+# paired difference against letters lies above zero at no more than 1.5x letters' p50.
+REALISTIC = "qwen2.5-1.5b"
+TASKS = 231
+MAX_COST = 1.5
+
+
+def verdicts(all_summaries: list[dict[str, Any]]) -> list[str]:
+    """Whether any readout has earned the default, run by run and question type, from the
+    numbers above; the default (SEMIF_READOUT) stays letters until one has."""
+    out = [
+        "## Defaults from the evidence",
+        "",
+        f"A readout becomes the server's default (SEMIF_READOUT, per question type where the "
+        f"evidence is per type) once, on `{REALISTIC}` over all {TASKS} tasks in one option "
+        f"order, its paired difference against letters has a 95 % interval above zero at no "
+        f"more than {MAX_COST:g}x letters' p50 latency.",
+        "",
+    ]
+    realistic = next((s for s in all_summaries if s["tag"] == REALISTIC), None)
+    met = []
+    for name, r in (realistic or {}).get("runs", {}).items():
+        if r["permutations"] != "1" or r["config"] == "letters":
+            continue
+        for kind, c in r["by"]["all"].items():
+            if kind == "choice" and r["config"].startswith("direct"):
+                continue  # asked with letters under direct: the letters rows themselves
+            vs = c.get("vs_letters") or {}
+            lo = (vs.get("bootstrap95") or [None])[0]
+            cost = vs.get("cost_ratio")
+            why = []
+            if r["by"]["all"]["all"]["n"] < TASKS:
+                why.append(f"{r['by']['all']['all']['n']} of {TASKS} tasks answered")
+            if lo is None or lo <= 0:
+                why.append("its interval reaches zero" if lo is not None else "no interval")
+            if cost is None or cost > MAX_COST:
+                why.append(f"cost {cost:.2f}x" if cost is not None else "no cost measured")
+            verdict = "meets the rule" if not why else "not yet: " + "; ".join(why)
+            if not why:
+                met.append(f"{r['config']} ({kind})")
+            out.append(f"- {name}, {kind}: {_diff(c)}, cost {_cost(c)}: {verdict}")
+    if realistic is None:
+        out.append(f"- no run of `{REALISTIC}` yet")
+    out += [
+        "",
+        f"Met by: {', '.join(met)}."
+        if met
+        else "No readout meets the rule yet: the default "
+        "stays `letters`; each readout is opt-in per question or by SEMIF_READOUT "
+        '([method.md](method.md), "Other readouts", says what each is good for).',
+        "",
+    ]
+    return out
+
+
 def page(all_summaries: list[dict[str, Any]]) -> str:
     out = [
         "# Readouts on JevBench",
@@ -109,6 +164,7 @@ def page(all_summaries: list[dict[str, Any]]) -> str:
     if not all_summaries:
         return "\n".join([*out, "No results yet.", ""])
     out += ["![accuracy per readout](img/readouts.png)", ""]
+    out += verdicts(all_summaries)
     for s in all_summaries:
         out += section(s)
     return "\n".join(out)

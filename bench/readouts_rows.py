@@ -28,8 +28,21 @@ def fingerprint(model: Path, sha256: str) -> dict[str, Any]:
             "continuation": readout_prompts.CONTINUATION_VERSION,
             "direct_yes_no": readout_prompts.YES_NO_VERSION,
             "direct_levels": readout_prompts.LEVELS_VERSION,
+            "deliberate": readout_prompts.DELIBERATE_VERSION,
         },
     }
+
+
+def compatible(held: dict[str, Any], wanted: dict[str, Any]) -> bool:
+    """Rows under `held` still mean what `wanted` would measure: the same format and model,
+    and every prompt version both name the same. A readout added since (a version `held` does
+    not name) leaves the rows already there as they were."""
+    if {k: v for k, v in held.items() if k != "prompt_versions"} != {
+        k: v for k, v in wanted.items() if k != "prompt_versions"
+    }:
+        return False
+    old, new = held.get("prompt_versions", {}), wanted.get("prompt_versions", {})
+    return all(new.get(name) == version for name, version in old.items())
 
 
 def read_rows(path: Path) -> tuple[dict[str, Any] | None, dict[tuple, dict[str, Any]]]:

@@ -783,6 +783,61 @@ ContinuationResult Engine::score_continuations(
     return result;
 }
 
+GenerateResult Engine::generate(const std::vector<llama_token>& prefix, int32_t max_tokens,
+                                const std::vector<llama_token>& stop_ids) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (prefix.empty()) throw LlamaError(kBadArgument, "prefix must hold at least one token");
+    if (max_tokens < 0) throw LlamaError(kBadArgument, "max_tokens must not be negative");
+    check_token_ids(prefix, "prefix");
+    check_token_ids(stop_ids, "stop ids");
+    // The last generated token is never decoded (nothing reads what follows it).
+    check_fits(prefix.size(), static_cast<size_t>(std::max(0, max_tokens - 1)), 0);
+
+    GenerateResult result;
+    // With its own logits: they choose the first generated token.
+    ensure_prefix(prefix, result.stats);
+    llama_memory_t mem = llama_get_memory(ctx_.get());
+    // On every way out the generated tokens' cells are removed: after a budget or stop token,
+    // sequence 0 holds the prefix with its logits again. An abort or a failed decode has
+    // already forgotten everything (check_abort, decode_or_throw): the next call starts clean.
+    struct Cleanup {
+        Engine* engine;
+        llama_memory_t mem;
+        llama_pos keep;
+        ~Cleanup() {
+            if (!llama_memory_seq_rm(mem, 0, keep, -1)) engine->forget_all();
+        }
+    } cleanup{this, mem, static_cast<llama_pos>(prefix.size())};
+
+    auto start = Clock::now();
+    auto argmax = [&](const float* row) {
+        return static_cast<llama_token>(std::max_element(row, row + n_vocab_) - row);
+    };
+    // The prefix's logits stay in prefix_logits_; a generated token's row is only valid until
+    // the next decode, and is read (argmax) before it.
+    const float* row = prefix_logits_.data();
+    Batch batch(1, 1);
+    for (int32_t k = 0; k < max_tokens; ++k) {
+        const llama_token next = argmax(row);
+        if (llama_vocab_is_eog(vocab_, next) ||
+            std::find(stop_ids.begin(), stop_ids.end(), next) != stop_ids.end()) {
+            result.stop = next;
+            break;
+        }
+        result.tokens.push_back(next);
+        if (k + 1 == max_tokens) break;  // the budget is spent: no row after it is read
+        batch.clear();
+        batch.add(next, static_cast<llama_pos>(prefix.size() + k), 0, true);
+        decode_or_throw(batch, "a generated token");
+        ++result.stats.decode_calls;
+        ++result.stats.suffix_tokens;
+        row = llama_get_logits_ith(ctx_.get(), 0);
+        if (row == nullptr) throw LlamaError(kStateFailed, "no logits after a generated token");
+    }
+    result.stats.suffix_seconds += seconds_since(start);
+    return result;
+}
+
 void Engine::reset() {
     std::lock_guard<std::mutex> lock(mutex_);
     forget_all();

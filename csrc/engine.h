@@ -109,6 +109,13 @@ struct TreeResult {
     ScoreStats stats;
 };
 
+// Engine::generate: the greedy tokens and why they ended.
+struct GenerateResult {
+    std::vector<llama_token> tokens;  // generated, the token that stopped them excluded
+    llama_token stop = -1;  // the end-of-generation or stop token that ended them; -1: budget
+    ScoreStats stats;       // prefill: the prefix; suffix: the generated tokens' decodes
+};
+
 struct ContinuationResult {
     std::vector<double> logprob;  // summed log-probability per continuation
     std::vector<int32_t> n_tokens;
@@ -153,6 +160,15 @@ public:
                           const std::vector<llama_token>& suffix, const TokenTree& tree);
     ContinuationResult score_continuations(const std::vector<llama_token>& prefix,
                                            const std::vector<std::vector<llama_token>>& conts);
+
+    // Greedy generation after the prefix (the deliberate readout): the prefix evaluated on
+    // sequence 0 with its last-position logits (reused when sequence 0 holds exactly it), then
+    // one token per llama_decode, each the argmax over the whole vocabulary, until an
+    // end-of-generation token, a stop id or max_tokens tokens. The generated tokens' cells are
+    // removed again: sequence 0 holds the prefix and its logits afterwards, as after score().
+    // Honours the abort flag like score() (between tokens and inside each decode).
+    GenerateResult generate(const std::vector<llama_token>& prefix, int32_t max_tokens,
+                            const std::vector<llama_token>& stop_ids);
 
     // The state of sequence 0 (the current prefix): its size, then the bytes into a buffer the
     // caller owns (Python allocates it once, as the bytes object it keeps).

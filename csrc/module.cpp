@@ -221,6 +221,15 @@ PYBIND11_MODULE(_engine, m) {
              "Logits of root_ids at the last position of prefix + suffix (evaluated as score() "
              "does in restore mode) and of ids[i] at each tree node i, with the "
              "full-vocabulary logsumexp at each.")
+        .def("generate",
+             [](Engine& e, const Tokens& prefix, int32_t max_tokens, const Tokens& stop_ids) {
+                 auto r = unlocked([&] { return e.generate(prefix, max_tokens, stop_ids); });
+                 return py::make_tuple(r.tokens, r.stop, stats_dict(r.stats));
+             },
+             py::arg("prefix"), py::arg("max_tokens"), py::arg("stop_ids") = Tokens{},
+             "Greedy tokens after the prefix (argmax over the vocabulary), at most max_tokens, "
+             "ended by an end-of-generation token or a stop id; the token that ended them (-1: "
+             "the budget) and timing stats. Sequence 0 holds the prefix afterwards.")
         .def("score_continuations",
              [](Engine& e, const Tokens& prefix, const std::vector<Tokens>& conts) {
                  auto r = unlocked([&] { return e.score_continuations(prefix, conts); });

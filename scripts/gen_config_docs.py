@@ -84,6 +84,12 @@ NOTES: dict[str, dict[str, str]] = {
         "more": "A number (one temperature), JSON, or the file `semif-proxy calibrate` writes "
         "(docs/calibration.md)."
     },
+    "SEMIF_READOUT": {
+        "more": "`letters`, `continuation`, `deliberate` or, for `noul` and `score` only, "
+        "`direct`; one name for every type, or JSON such as "
+        '`{"noul": "direct", "score": "direct"}` (`default`: the types not named). '
+        "A request's own `readout` wins (docs/readouts.md).",
+    },
     "SEMIF_HEALTH_INTERVAL": {"what": "Seconds between two llama-server health probes."},
     "SEMIF_MAX_FAILED_PROBES": {
         "what": "Failed health probes in a row before a stalled llama-server is killed and "
@@ -345,6 +351,8 @@ def _sentence(text: str) -> str:
 def _default(value: Any) -> str:
     from pydantic import BaseModel
 
+    if isinstance(value, BaseModel) and hasattr(value, "describe"):
+        return f"`{value.describe()}`"  # a per-type setting (SEMIF_READOUT) says its default
     if value is None or isinstance(value, BaseModel):
         return "unset"
     if isinstance(value, bool):
@@ -368,7 +376,9 @@ def _kind(name: str, info: Any, bools: set[str]) -> str:
             if getattr(meta, attr, None) is not None:
                 bounds.append(f"{sign} {getattr(meta, attr)}")
     label = {int: "integer", float: "number", str: "text", Path: "path"}.get(base)
-    if label is None:
+    if getattr(base, "__name__", "") == "Readouts":
+        label = "a readout's name, or JSON by question type"
+    elif label is None:
         label = "a number, JSON or a file"
     return ", ".join([label, *bounds])
 

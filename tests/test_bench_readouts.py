@@ -185,3 +185,20 @@ def test_usage_errors_exit_2(tmp_path: Path) -> None:
         with pytest.raises(SystemExit) as exc:
             readouts.main(argv)
         assert exc.value.code == 2
+
+
+def test_rows_of_a_readout_added_since_stay_and_a_changed_prompt_does_not() -> None:
+    from bench.readouts_rows import compatible
+
+    wanted = {
+        "format": 1,
+        "model": "m.gguf",
+        "model_sha256": "a" * 64,
+        "prompt_versions": {"letters": "semif-letter-v1", "deliberate": "semif-deliberate-v1"},
+    }
+    older = {**wanted, "prompt_versions": {"letters": "semif-letter-v1"}}
+    assert compatible(older, wanted)  # written before `deliberate` existed
+    changed = {**wanted, "prompt_versions": {"letters": "semif-letter-v2"}}
+    assert not compatible(changed, wanted)
+    assert not compatible({**older, "model_sha256": "b" * 64}, wanted)
+    assert not compatible({**older, "format": 2}, wanted)

@@ -108,6 +108,35 @@ def test_system_one_score_example(page: object) -> None:
     shot(page, "systemone-score")
 
 
+def test_readouts_are_chosen_in_the_page(page: object) -> None:
+    """The readout fields reach the API and the answer says which readout made it: direct on
+    a System One score, deliberate on a decision (its reasoning shown), and a readout that
+    does not fit the options refused next to the readout field."""
+    page.select_option("#example", label="Incident severity score")
+    page.select_option("#readout", "direct")
+    assert page.is_hidden("#normalization-row") and page.is_hidden("#deliberation-row")
+    page.click("#decide")
+    page.wait_for_selector(".result .bar-row", timeout=60_000)
+    assert "direct-levels" in page.locator(".result").first.inner_text()
+
+    page.select_option("#example", label="Support-ticket routing")
+    page.select_option("#readout", "deliberate")
+    assert page.is_visible("#deliberation-row")
+    page.fill("#deliberation-tokens", "8")
+    page.click("#decide")
+    page.wait_for_selector(".result .reasoning", timeout=120_000)
+    first = page.locator(".result").first
+    assert "deliberate" in first.inner_text()
+    assert "Reasoning (" in first.locator(".reasoning summary").inner_text()
+
+    page.select_option("#readout", "direct")  # routing queues are no yes/no or score
+    page.click("#decide")
+    page.wait_for_selector("#readout-error:not(:empty)")
+    assert "400" in page.inner_text("#readout-error")
+    assert page.get_attribute("#readout", "aria-invalid") == "true"
+    shot(page, "readout-error")
+
+
 def test_api_error_appears_next_to_its_field(page: object) -> None:
     page.select_option("#example", label="Support-ticket routing")
     page.fill("#question", "")

@@ -493,3 +493,26 @@ def test_server_writes_rows_that_calibrate_fits(calibrated: ProxyProcess, tmp_pa
     assert sum(prior) == pytest.approx(1.0) and all(p > 0 for p in prior)
     # The prompt version the rows were asked with goes into the calibration with the prior.
     assert fitted["position_prior"]["prompt_versions"] == {"3": "semif-letter-v1"}
+
+
+def test_calibrate_rows_of_other_readouts_are_skipped_not_mixed_in(tmp_path: Path) -> None:
+    """A rows log of a server where some questions were read by continuation: the prior is
+    fitted from the lettered rows alone (their prior is the one the server applies), and the
+    continuation rows, whose option log-scores know no letters, are counted apart."""
+    letters = synthetic_rows("choice", PLANTED, 60, seed=11, noise=0.3)
+    # Continuation rows of the same option count with the opposite preference: mixed in, they
+    # would pull the fitted prior away from the planted one.
+    other = synthetic_rows("choice", PLANTED[::-1], 60, seed=12, noise=0.3)
+    lines = [
+        row_line(r.kind, r.orders, r.logits, prompt_version="semif-letter-v1") for r in letters
+    ]
+    lines += [
+        row_line(r.kind, r.orders, r.logits, prompt_version="semif-continuation-v1") for r in other
+    ]
+    out = tmp_path / "calibration.json"
+    args = ["calibrate", "--rows", str(write_lines(tmp_path / "rows.jsonl", lines))]
+    assert main([*args, "--output", str(out)]) == 0
+    written = json.loads(out.read_text())
+    assert np.asarray(written["position_prior"]["choice"]["4"]) == pytest.approx(PLANTED, abs=0.03)
+    assert written["position_prior_fit"]["balanced_rows"] == 60
+    assert written["position_prior_fit"]["other_readout_rows"] == 60

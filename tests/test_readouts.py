@@ -201,7 +201,7 @@ def test_letters_stay_the_default(decision_engine: DecisionEngine) -> None:
 @pytest.mark.parametrize(
     ("fields", "field", "words"),
     [
-        ({"readout": "logits"}, "decision.readout", "'letters', 'continuation' or 'direct'"),
+        ({"readout": "logits"}, "decision.readout", "'letters', 'continuation', 'direct'"),
         ({"readout": "direct"}, "decision.readout", "yes/no and score"),
         ({"normalization": "sum"}, "decision.normalization", "continuation only"),
         ({"readout": "continuation", "normalization": "max"}, "decision.normalization", "'pmi'"),

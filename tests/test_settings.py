@@ -112,6 +112,45 @@ def test_temperature_forms(tmp_path: Path) -> None:
     assert (t.for_type("choice"), t.for_type("score")) == (0.5, 2.0)
 
 
+def test_readout_default_forms(tmp_path: Path) -> None:
+    model = str(_touch(tmp_path / "m.gguf"))
+    unset = load_settings({}, model=model).readout
+    assert [unset.for_type(k) for k in ("decision", "noul", "choice", "score")] == ["letters"] * 4
+    one = load_settings({"SEMIF_READOUT": "Continuation"}, model=model).readout
+    assert one.for_type("choice") == one.for_type("decision") == "continuation"
+    typed = load_settings(
+        {"SEMIF_READOUT": '{"noul": "direct", "score": "direct", "default": "deliberate"}'},
+        model=model,
+    ).readout
+    assert [typed.for_type(k) for k in ("decision", "noul", "choice", "score")] == [
+        "deliberate",
+        "direct",
+        "deliberate",
+        "direct",
+    ]
+    assert typed.describe() == "deliberate, noul=direct, score=direct"
+
+
+@pytest.mark.parametrize(
+    ("value", "says"),
+    [
+        ("sideways", "'sideways' is not a readout"),
+        # direct reads yes/no and levels only: a default that refused every choice is none.
+        ("direct", "default: direct reads yes/no and score questions only"),
+        ('{"choice": "direct"}', "choice: direct reads"),
+        ('{"colour": "letters"}', "'colour' is not a question type"),
+        ('{"noul": 3}', "noul: expected a readout's name"),
+        ('["letters"]', "not a readout"),
+        ("{nope", "not JSON"),
+    ],
+)
+def test_bad_readout_defaults_name_the_variable(tmp_path: Path, value: str, says: str) -> None:
+    model = str(_touch(tmp_path / "m.gguf"))
+    with pytest.raises(SettingsError, match="SEMIF_READOUT") as caught:
+        load_settings({"SEMIF_READOUT": value}, model=model)
+    assert says in str(caught.value)
+
+
 def test_secrets_are_masked(tmp_path: Path) -> None:
     model = _touch(tmp_path / "m.gguf")
     s = load_settings({"SEMIF_API_KEY": "hunter2"}, model=str(model))

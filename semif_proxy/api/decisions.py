@@ -14,7 +14,14 @@ from typing import Any
 import numpy as np
 
 from semif_proxy.api import rotations, rows_log
-from semif_proxy.api.readout_fields import DEFAULT_NORMALIZATION, reported, rotated
+from semif_proxy.api.readout_fields import (
+    DEFAULT_NORMALIZATION,
+    DEFAULT_READOUT,
+    deliberation_budget,
+    reported,
+    resolved,
+    rotated,
+)
 from semif_proxy.api.rotations import Rotated
 from semif_proxy.api.schemas import (
     Decision,
@@ -40,11 +47,15 @@ class DecisionRequest:
 
 
 def parse_request(
-    body: dict[str, Any], max_decisions: int | None = None, max_options: int | None = None
+    body: dict[str, Any],
+    max_decisions: int | None = None,
+    max_options: int | None = None,
+    default_readout: str = DEFAULT_READOUT,
 ) -> DecisionRequest:
     """Validate a body of either shape (400/413 with the exact field on failure); the count
     limits are SEMIF_MAX_DECISIONS and SEMIF_MAX_OPTIONS on the server, none on the command
-    line (past the API's own 255 options)."""
+    line (past the API's own 255 options). A decision that names no readout gets
+    `default_readout` (SEMIF_READOUT's for decisions), so that it is checked as it is read."""
     if max_decisions is not None and isinstance(body.get("decisions"), list):
         # Counted before validation: validating (and reporting) a million bad entries is
         # seconds of work and gigabytes of error objects on the event loop.
@@ -59,13 +70,24 @@ def parse_request(
                 check_count(len(options), f"{path}.options", max_options, "SEMIF_MAX_OPTIONS")
     if "decision" in body:
         single = parse(SingleRequest, body)
-        check_readouts([single.decision], ["decision"])
-        return DecisionRequest([single.decision], ["decision"], single=True)
+        asked = [_read_as(single.decision, default_readout)]
+        check_readouts(asked, ["decision"])
+        return DecisionRequest(asked, ["decision"], single=True)
     shared = parse(SharedRequest, body)
     check_shared(shared)
     paths = [f"decisions[{i}]" for i in range(len(shared.decisions))]
-    check_readouts(list(shared.decisions), paths)
-    return DecisionRequest(list(shared.decisions), paths, single=False)
+    asked = [_read_as(d, default_readout) for d in shared.decisions]
+    check_readouts(asked, paths)
+    return DecisionRequest(asked, paths, single=False)
+
+
+def _read_as(decision: Decision, default: str) -> Decision:
+    descriptions = [o.description for o in decision.options]
+    fits = decision.answers() is not None
+    readout = resolved(decision.readout, default, descriptions, decision.bias_correction, fits)
+    if readout == decision.readout:
+        return decision
+    return decision.model_copy(update={"readout": readout})
 
 
 def rotated_questions(
@@ -76,6 +98,9 @@ def rotated_questions(
     settings = engine.settings
     temperature = settings.temperature.for_type("decision")
     prior = settings.position_prior
+    # Decisions that reach here unparsed (tests, eval's rows) get the server's readout too.
+    default = settings.readout.for_type("decision")
+    decisions = [_read_as(d, default) for d in decisions]
     return [
         rotated(
             Question(
@@ -96,6 +121,10 @@ def rotated_questions(
                 normalization=d.normalization or DEFAULT_NORMALIZATION,
                 bias_correction=d.bias_correction,
                 answers=d.answers() if d.readout == "direct" else None,
+                deliberation_tokens=deliberation_budget(
+                    d.deliberation_tokens, settings.max_deliberation_tokens, path
+                ),
+                return_reasoning=d.return_reasoning,
             ),
             d.permutations or settings.permutations,
         )

@@ -1,7 +1,8 @@
 """The readout fields both APIs share (issue #35): `readout`, `normalization` and
-`bias_correction` on a decision or a System One question, the answer words a direct readout
-reads, the rotations that keep those words with their options, and what an answer reports.
-Pure: no engine, no HTTP."""
+`bias_correction` on a decision or a System One question (and deliberate's
+`deliberation_tokens` and `return_reasoning`), the answer words a direct readout reads, the
+rotations that keep those words with their options, and what an answer reports.
+Pure: no engine calls, no HTTP."""
 
 from __future__ import annotations
 
@@ -9,8 +10,11 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Literal
 
 from semif_proxy.api.rotations import Rotated
+from semif_proxy.engine.prompt import LETTERS
+from semif_proxy.errors import InvalidRequest
 from semif_proxy.settings.defaults import (
     DEFAULT_BIAS_CORRECTION,
+    DEFAULT_DELIBERATION_TOKENS,
     DEFAULT_NORMALIZATION,
     DEFAULT_READOUT,
 )
@@ -20,7 +24,7 @@ if TYPE_CHECKING:
 
     from semif_proxy.engine.questions import Question, Scored
 
-Readout = Literal["letters", "continuation", "direct"]
+Readout = Literal["letters", "continuation", "direct", "deliberate"]
 Normalization = Literal["sum", "mean", "pmi"]
 BiasCorrection = Literal["none", "contextual"]
 
@@ -36,6 +40,61 @@ def normalization_error(readout: str, normalization: str | None) -> str | None:
     if normalization is not None and readout != "continuation":
         return f"normalization applies to readout continuation only, not {readout}"
     return None
+
+
+def resolved(
+    asked: str | None,
+    default: str,
+    descriptions: Sequence[str],
+    bias_correction: str,
+    direct_fits: bool,
+) -> str:
+    """The readout a question is read by: its own `readout`, else the server's for its type
+    (SEMIF_READOUT). A default answers every question: where the question is one the default
+    readout refuses (direct: not yes/no or levels; deliberate: over 26 options or a contextual
+    correction; continuation: an empty description), it is read by letters. The same readout
+    asked for by the request itself is refused there instead, naming the field."""
+    if asked is not None:
+        return asked
+    refused = (
+        (default == "direct" and not direct_fits)
+        or (
+            default == "deliberate"
+            and (len(descriptions) > len(LETTERS) or bias_correction == "contextual")
+        )
+        or (default == "continuation" and any(not d.strip() for d in descriptions))
+    )
+    return "letters" if refused else default
+
+
+def deliberation_error(
+    readout: str, deliberation_tokens: int | None, return_reasoning: bool, most: int | None = None
+) -> tuple[str, str] | None:
+    """A deliberation field sent with a readout that writes no reasoning, or a budget over
+    `most` (SEMIF_MAX_DELIBERATION_TOKENS), as (field, problem); None when they are fine."""
+    if readout == "deliberate":
+        if most is not None and deliberation_tokens is not None and deliberation_tokens > most:
+            return "deliberation_tokens", (
+                f"{deliberation_tokens} is over the limit of {most} (SEMIF_MAX_DELIBERATION_TOKENS)"
+            )
+        return None
+    if deliberation_tokens is not None:
+        return "deliberation_tokens", f"applies to readout deliberate only, not {readout}"
+    if return_reasoning:
+        return "return_reasoning", f"applies to readout deliberate only, not {readout}"
+    return None
+
+
+def deliberation_budget(asked: int | None, most: int, path: str) -> int:
+    """A question's deliberation_tokens: as asked (a 400 naming the field over `most`,
+    SEMIF_MAX_DELIBERATION_TOKENS), else the default, at most `most`."""
+    if asked is not None and asked > most:
+        raise InvalidRequest(
+            f"{path}.deliberation_tokens: {asked} is over the limit of {most} "
+            "(SEMIF_MAX_DELIBERATION_TOKENS)",
+            field=f"{path}.deliberation_tokens",
+        )
+    return asked if asked is not None else min(DEFAULT_DELIBERATION_TOKENS, most)
 
 
 def direct_answers(option_ids: Sequence[str]) -> tuple[str, ...] | None:
@@ -69,13 +128,21 @@ def rotated(base: Question, k: int) -> Rotated:
 
 def reported(scored: Scored) -> dict[str, Any]:
     """What an answer says about its readout beyond `readout` and `prompt_version`: the
-    normalisation of a continuation, a bias correction when one was applied."""
+    normalisation of a continuation, a bias correction when one was applied, a deliberate
+    answer's reasoning (its token count; its text when asked)."""
     q = scored.question
     out: dict[str, Any] = {}
     if q.readout == "continuation":
         out["normalization"] = q.normalization
     if q.bias_correction != DEFAULT_BIAS_CORRECTION:
         out["bias_correction"] = q.bias_correction
+    if scored.deliberation is not None:
+        # The request's own option order's reasoning (each rotation deliberates on its own).
+        made = scored.deliberation
+        ended = "end_of_turn" if made.ended else "budget"
+        out["deliberation"] = {"tokens": made.tokens, "ended": ended}
+        if q.return_reasoning:
+            out["deliberation"]["text"] = made.text
     return out
 
 
@@ -87,8 +154,11 @@ __all__ = [
     "BiasCorrection",
     "Normalization",
     "Readout",
+    "deliberation_budget",
+    "deliberation_error",
     "direct_answers",
     "normalization_error",
     "reported",
+    "resolved",
     "rotated",
 ]

@@ -10,6 +10,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    StrictInt,
     StringConstraints,
     ValidationError,
     field_validator,
@@ -17,11 +18,11 @@ from pydantic import (
 
 from semif_proxy.api.readout_fields import (
     DEFAULT_BIAS_CORRECTION,
-    DEFAULT_READOUT,
     DIRECT_NEEDS,
     BiasCorrection,
     Normalization,
     Readout,
+    deliberation_error,
     direct_answers,
     normalization_error,
 )
@@ -54,9 +55,13 @@ class Decision(BaseModel):
     # text as the answer (continuation: normalised "mean" unless asked), or the model's own
     # yes/no or level-number tokens (direct: yes/no and score decisions only). A contextual
     # bias correction divides out the answers after a content-free state.
-    readout: Readout = DEFAULT_READOUT
+    readout: Readout | None = None  # None: the server's (SEMIF_READOUT), letters unless set
     normalization: Normalization | None = None  # continuation only; None: "mean"
     bias_correction: BiasCorrection = DEFAULT_BIAS_CORRECTION
+    # deliberate only: the most tokens the model writes before its letters are read (None: the
+    # default, at most SEMIF_MAX_DELIBERATION_TOKENS), and whether the answer returns that text.
+    deliberation_tokens: StrictInt | None = Field(None, ge=1)
+    return_reasoning: bool = False
 
     @field_validator("options")
     @classmethod
@@ -114,6 +119,9 @@ def check_readouts(decisions: list[Decision], paths: list[str]) -> None:
             raise InvalidRequest(f"{path}.normalization: {problem}", field=f"{path}.normalization")
         if d.readout == "direct" and d.answers() is None:
             raise InvalidRequest(f"{path}.readout: {DIRECT_NEEDS}", field=f"{path}.readout")
+        wrong = deliberation_error(d.readout, d.deliberation_tokens, d.return_reasoning)
+        if wrong:
+            raise InvalidRequest(f"{path}.{wrong[0]}: {wrong[1]}", field=f"{path}.{wrong[0]}")
 
 
 def check_count(count: int, field: str, limit: int, variable: str = "SEMIF_MAX_DECISIONS") -> None:

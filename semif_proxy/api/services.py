@@ -55,9 +55,12 @@ class Decisions:
     def plan(
         self, body: dict[str, Any], settings: Settings, sha256: str
     ) -> decisions.DecisionRequest:
+        default = settings.readout.for_type("decision")
         if not self.limited:
-            return decisions.parse_request(body)
-        return decisions.parse_request(body, settings.max_decisions, settings.max_options)
+            return decisions.parse_request(body, default_readout=default)
+        return decisions.parse_request(
+            body, settings.max_decisions, settings.max_options, default_readout=default
+        )
 
     def answer(self, engine: DecisionEngine, planned: decisions.DecisionRequest) -> Answered:
         body, tokens = decisions.answer(engine, planned)

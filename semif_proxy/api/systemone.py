@@ -7,9 +7,8 @@ plans a body, runs `answer` on the engine thread and returns it.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -17,12 +16,7 @@ import numpy as np
 from semif_proxy import readout
 from semif_proxy.api import rotations, rows_log
 from semif_proxy.api.readout_fields import (
-    DEFAULT_BIAS_CORRECTION,
-    DEFAULT_NORMALIZATION,
-    DEFAULT_READOUT,
-    DIRECT_NEEDS,
-    direct_answers,
-    normalization_error,
+    deliberation_budget,
     reported,
     rotated,
 )
@@ -30,93 +24,20 @@ from semif_proxy.api.rotations import Rotated
 from semif_proxy.api.schemas import check_count
 from semif_proxy.api.systemone_schemas import (
     ALIASES,
-    DEFAULT_INSTRUCTIONS,
-    ChoiceQuestion,
     Content,
-    NoulCriteria,
-    NoulQuestion,
     Parsed,
-    ScoreQuestion,
     accepts_model,
     parse_request,
     schema_error,
     served_model_id,
 )
+from semif_proxy.api.systemone_specs import Spec, build_spec
 from semif_proxy.calibration.abstention import ThresholdError, Thresholds
-from semif_proxy.engine.prompt import NUMBER_LABELS, labels_for, prompt_sha256
+from semif_proxy.engine.prompt import prompt_sha256
 from semif_proxy.engine.questions import Question, Scored
 from semif_proxy.engine.worker import DecisionEngine
 from semif_proxy.errors import InvalidRequest
 from semif_proxy.settings import Settings
-
-
-def _text(value: Content | None) -> str:
-    if value is None:
-        return ""
-    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
-
-
-@dataclass(frozen=True)
-class Spec:
-    """One System One question as a lettered decision: option ids and what the model reads."""
-
-    qid: str
-    kind: str
-    instructions: str
-    option_ids: tuple[str, ...]
-    descriptions: tuple[str, ...]
-    legend: dict[str, Content] | None = None
-    readout: str = DEFAULT_READOUT
-    normalization: str = DEFAULT_NORMALIZATION
-    bias_correction: str = DEFAULT_BIAS_CORRECTION
-    answers: tuple[str, ...] | None = None  # direct: each option's answer word
-
-
-def build_spec(
-    qid: str, q: NoulQuestion | ChoiceQuestion | ScoreQuestion, labels: str = "auto"
-) -> Spec:
-    """A question as the engine asks it, read as it asks (422 at its readout fields when they
-    do not fit it). `labels`: SEMIF_LABELS, which decides whether lettered options are
-    lettered or numbered."""
-    spec = _options(qid, q, labels)
-    problem = normalization_error(q.readout, q.normalization)
-    if problem:
-        raise schema_error(["questions", qid, "normalization"], problem)
-    answers = None
-    if q.readout == "direct":
-        answers = direct_answers(spec.option_ids) if spec.kind != "choice" else None
-        if answers is None:
-            raise schema_error(["questions", qid, "readout"], DIRECT_NEEDS)
-    return replace(
-        spec,
-        readout=q.readout,
-        normalization=q.normalization or DEFAULT_NORMALIZATION,
-        bias_correction=q.bias_correction,
-        answers=answers,
-    )
-
-
-def _options(
-    qid: str, q: NoulQuestion | ChoiceQuestion | ScoreQuestion, labels: str = "auto"
-) -> Spec:
-    instructions = _text(q.instructions) or DEFAULT_INSTRUCTIONS[q.type]
-    if isinstance(q, NoulQuestion):
-        crit = q.criteria or NoulCriteria()
-        yes = _text(crit.true) or "the instructions hold for the evidence"
-        no = _text(crit.false) or "the instructions do not hold for the evidence"
-        return Spec(qid, "noul", instructions, ("true", "false"), (f"yes: {yes}", f"no: {no}"))
-    if isinstance(q, ChoiceQuestion):
-        names = tuple(q.criteria)
-        descs = tuple(f"{n}: {_text(d)}" if _text(d) else n for n, d in q.criteria.items())
-        return Spec(qid, "choice", instructions, names, descs)
-    ids = tuple(str(i) for i in range(len(q.criteria)))
-    if labels_for(len(q.criteria), labels) is NUMBER_LABELS:
-        # Numbered from 1, in level order: the label is the level's place, and a "level 0"
-        # beside the label "1" would give the model two numbers for one option.
-        descs = tuple(_text(c) for c in q.criteria)
-    else:
-        descs = tuple(f"level {i}: {_text(c)}" for i, c in enumerate(q.criteria))
-    return Spec(qid, "score", instructions, ids, descs, legend=dict(zip(ids, q.criteria)))
 
 
 def answer_for(spec: Spec, probs: np.ndarray, min_confidence: float | None) -> dict[str, Any]:
@@ -195,7 +116,11 @@ def checked(parsed: Parsed, settings: Settings, sha256: str) -> tuple[str, list[
     if not accepts_model(parsed.model, served):
         available = [served, *ALIASES, "jev-1.<n>"]
         raise schema_error(["model"], f"unknown model {parsed.model!r}; available: {available}")
-    return served, [build_spec(qid, q, settings.labels) for qid, q in parsed.questions.items()]
+    most = settings.max_deliberation_tokens
+    return served, [
+        build_spec(qid, q, settings.labels, settings.readout, most)
+        for qid, q in parsed.questions.items()
+    ]
 
 
 def thresholds(parsed: Parsed, settings: Settings) -> Thresholds | None:
@@ -239,6 +164,12 @@ def ask(
                 normalization=spec.normalization,
                 bias_correction=spec.bias_correction,
                 answers=spec.answers,
+                deliberation_tokens=deliberation_budget(
+                    spec.deliberation_tokens,
+                    settings.max_deliberation_tokens,
+                    f"questions.{spec.qid}",
+                ),
+                return_reasoning=spec.return_reasoning,
             ),
             k,
         )
@@ -314,7 +245,11 @@ def answer(engine: DecisionEngine, planned: Plan, strict: bool) -> dict[str, Any
     response: dict[str, Any] = {
         "model": planned.served,
         "answers": answers,
-        "usage": {"input_tokens": evaluation.evaluated_tokens, "output_tokens": 0},
+        # Output: the tokens deliberate questions wrote (every rotation's).
+        "usage": {
+            "input_tokens": evaluation.evaluated_tokens,
+            "output_tokens": sum(s.deliberation.tokens for r in runs for s in r if s.deliberation),
+        },
     }
     if not strict:
         response["semif"] = {

@@ -121,7 +121,7 @@ def combine_batch(responses: list[dict[str, Any]], strict: bool) -> dict[str, An
         "answers": [r["answers"] for r in responses],
         "usage": {
             "input_tokens": sum(r["usage"]["input_tokens"] for r in responses),
-            "output_tokens": 0,
+            "output_tokens": sum(r["usage"]["output_tokens"] for r in responses),
         },
     }
     if not strict:

@@ -8,11 +8,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError
 
 from semif_proxy.api.readout_fields import (
     DEFAULT_BIAS_CORRECTION,
-    DEFAULT_READOUT,
     BiasCorrection,
     Normalization,
     Readout,
@@ -41,9 +40,11 @@ class _Read(_Strict):
     """How a question's options are read (as a decision's: api/readout_fields.py); semif-proxy's
     own fields, which TypeSafe clients do not send."""
 
-    readout: Readout = DEFAULT_READOUT
+    readout: Readout | None = None  # None: the server's (SEMIF_READOUT), letters unless set
     normalization: Normalization | None = None  # continuation only; None: "mean"
     bias_correction: BiasCorrection = DEFAULT_BIAS_CORRECTION
+    deliberation_tokens: StrictInt | None = Field(None, ge=1)  # deliberate only
+    return_reasoning: bool = False  # deliberate only
 
 
 class NoulCriteria(_Strict):

@@ -178,18 +178,32 @@ class Fit:
     report: dict[str, Any]
 
 
-def fit(rows: Iterable[RotatedRow], min_questions: int = MIN_QUESTIONS) -> Fit:
+def fit(
+    rows: Iterable[RotatedRow],
+    min_questions: int = MIN_QUESTIONS,
+    label_versions: frozenset[str] | None = None,
+) -> Fit:
     """A table per (question type, option count) with at least min_questions balanced rows,
     and a pooled `default` table per option count over every type. Rows that are not balanced
     (one order, or rotations that leave some option out of some position) are counted and
     skipped. Rows of one option count asked with two prompt versions (letters and numbers,
-    SEMIF_LABELS changed between them) are refused: their position biases are not one."""
+    SEMIF_LABELS changed between them) are refused: their position biases are not one.
+    `label_versions`: the prompt versions of the labelled readouts (letters, numbers); rows of
+    any other (a continuation, direct or deliberate question's) are counted and skipped, since
+    the prior is the labels' position preference and only they have it applied."""
     usable: list[RotatedRow] = []
     skipped = 0
+    other_readouts = 0
     total = 0
     for row in rows:
         total += 1
-        if balanced(row.orders, row.n):
+        if (
+            label_versions is not None
+            and row.prompt_version is not None
+            and row.prompt_version not in label_versions
+        ):
+            other_readouts += 1
+        elif balanced(row.orders, row.n):
             usable.append(row)
         else:
             skipped += 1
@@ -211,6 +225,7 @@ def fit(rows: Iterable[RotatedRow], min_questions: int = MIN_QUESTIONS) -> Fit:
         "rows": total,
         "balanced_rows": len(usable),
         "skipped_rows": skipped,
+        "other_readout_rows": other_readouts,
         "min_questions": min_questions,
         "tables": {},
         "too_few": {},

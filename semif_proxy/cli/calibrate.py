@@ -15,6 +15,10 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     from semif_proxy.api import rows_log
     from semif_proxy.calibration import position_prior
     from semif_proxy.calibration.temperature import PredictionError, calibrate, read_predictions
+    from semif_proxy.engine.prompt import LETTER_LABELS, NUMBER_LABELS
+
+    # The position prior is the labels' preference: rows of the other readouts don't carry it.
+    label_versions = frozenset({LETTER_LABELS.prompt_version, NUMBER_LABELS.prompt_version})
 
     if not args.predictions and not args.rows:
         sys.stderr.write(
@@ -35,7 +39,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         if args.rows:
             rows = rows_log.read_rows(Path(args.rows))
             try:
-                fitted = position_prior.fit(rows, args.min_questions)
+                fitted = position_prior.fit(rows, args.min_questions, label_versions)
             except position_prior.RowsError as exc:
                 raise position_prior.RowsError(f"{args.rows}: {exc}") from None
         if args.predictions:

@@ -10,6 +10,7 @@ import numpy as np
 
 from semif_proxy.settings.defaults import (
     DEFAULT_BIAS_CORRECTION,
+    DEFAULT_DELIBERATION_TOKENS,
     DEFAULT_NORMALIZATION,
     DEFAULT_READOUT,
 )
@@ -25,12 +26,14 @@ SINGLE_OPTION = "single-option"  # probability 1, no model call
 CONTINUATION_READOUT = "continuation-logprobs"  # each option's text scored as the answer
 DIRECT_YES_NO_READOUT = "direct-yes-no"  # the model's own yes/no tokens
 DIRECT_LEVELS_READOUT = "direct-levels"  # the model's own level-number tokens
+DELIBERATE_READOUT = "deliberate-letter-logits"  # letters after the model's own reasoning
 
 # What a question asks to be read by (the API's `readout`, `normalization`, `bias_correction`).
 LETTERS = "letters"
 CONTINUATION = "continuation"
 DIRECT = "direct"
-READOUTS = (LETTERS, CONTINUATION, DIRECT)
+DELIBERATE = "deliberate"
+READOUTS = (LETTERS, CONTINUATION, DIRECT, DELIBERATE)
 NORMALIZATIONS = ("sum", "mean", "pmi")
 BIAS_CORRECTIONS = ("none", "contextual")
 
@@ -58,6 +61,10 @@ class Question:
     normalization: str = DEFAULT_NORMALIZATION
     bias_correction: str = DEFAULT_BIAS_CORRECTION
     answers: tuple[str, ...] | None = None
+    # "deliberate" (deliberate.py): the most tokens the model writes before its letters are
+    # read, and whether the answer returns that text.
+    deliberation_tokens: int = DEFAULT_DELIBERATION_TOKENS
+    return_reasoning: bool = False
 
     @property
     def position_prior(self) -> str:
@@ -90,6 +97,18 @@ class Scored:
     first_token_logits: np.ndarray | None = None
     # Contextual bias correction: the same readout's option_logits after a content-free state.
     content_free_logits: np.ndarray | None = None
+    # Deliberate: what the model wrote before its letters were read.
+    deliberation: Deliberation | None = None
+
+
+@dataclass(frozen=True)
+class Deliberation:
+    """A deliberate question's reasoning: the text the model wrote (greedy), its token count,
+    and whether its end of turn ended it (else the budget did)."""
+
+    tokens: int
+    text: str
+    ended: bool
 
 
 @dataclass(frozen=True)
@@ -165,6 +184,9 @@ def merge_timings(timings: list[dict[str, Any]]) -> dict[str, Any]:
     out = dict(timings[0])
     if len({t["mode"] for t in timings}) > 1:
         out["mode"] = "mixed"
+    for key in ("generated_tokens", "generation_seconds"):  # deliberate heads only
+        if any(key in t for t in timings):
+            out[key] = sum(t.get(key, 0) for t in timings)
     for key in (
         "prefix_tokens",
         "prefix_reused_tokens",

@@ -6,6 +6,8 @@
   "yes" / "no" tokens are read.
 - direct levels (`semif-direct-levels-v1`): the levels listed with their numbers; the model's
   own number tokens are read.
+- deliberate (`semif-deliberate-v1`): the letters prompt, asked to reason briefly first; the
+  model's reasoning is generated, ANSWER_CUE appended, and the letters read after it.
 
 Each has its own system text, so a letters question and a continuation question on the same
 state are two prompt heads, as letters and numbers are. The user turn starts with the
@@ -19,11 +21,18 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from semif_proxy.engine.prompt import ChatTemplate, RenderedPrompt, render_messages
+from semif_proxy.engine.prompt import (
+    LETTER_LABELS,
+    ChatTemplate,
+    Labels,
+    RenderedPrompt,
+    render_messages,
+)
 
 CONTINUATION_VERSION = "semif-continuation-v1"
 YES_NO_VERSION = "semif-direct-yesno-v1"
 LEVELS_VERSION = "semif-direct-levels-v1"
+DELIBERATE_VERSION = "semif-deliberate-v1"
 # The content-free state (Zhao et al. 2021) of PMI and contextual bias correction.
 CONTENT_FREE_STATE = "N/A"
 YES_NO = ("yes", "no")
@@ -40,6 +49,19 @@ YES_NO_SYSTEM = (
 LEVELS_SYSTEM = (
     "You are a careful decision function. Rate the evidence by the criterion on the listed "
     "levels. Answer with only the number of the level that fits best, nothing else."
+)
+DELIBERATE_SYSTEM = (
+    "You are a careful decision function. Apply the criterion to the evidence and choose the "
+    "one listed option that fits best. Think it through briefly, step by step, then end with "
+    '"So the answer is (X)", where X is the letter of that option.'
+)
+# Appended after the model's reasoning; the letters are read at its end. It ends in "(" so the
+# bare letter ("A", the letters readout's token) is how the text goes on: after a space the
+# tokenizer would write " A" instead (checked per model: deliberate.py).
+ANSWER_CUE = "\nSo the answer is ("
+# The letters prompt with its own system text: options lettered as for letters.
+DELIBERATE_LABELS = Labels(
+    "letters", DELIBERATE_VERSION, LETTER_LABELS.key, LETTER_LABELS.limit, DELIBERATE_SYSTEM
 )
 
 

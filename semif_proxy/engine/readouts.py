@@ -6,6 +6,7 @@ sequence 0, other tokens read.
   each token's log-probability is read at its context's last position.
 - direct: one branch per question, as a lettered question; the rows are read for the answer
   words' single-token spellings (direct.py) instead of letters.
+- deliberate: its own module (deliberate.py), dispatched from here.
 
 Every row is the one-piece evaluation's (tests/test_readouts.py holds it to the bit). A part of
 DecisionEngine (worker.py), which holds what these read.
@@ -26,6 +27,7 @@ from semif_proxy.engine.continuation import ContinuationRead
 from semif_proxy.engine.questions import (
     CONTINUATION,
     CONTINUATION_READOUT,
+    DELIBERATE,
     DIRECT_LEVELS_READOUT,
     DIRECT_YES_NO_READOUT,
     GroupPlan,
@@ -63,6 +65,13 @@ class ReadoutScoring:
     def split(self, state_tokens: list[int], fulls: Sequence[list[int]]) -> Any: ...
     def _cached(self, prefix: list[int], call: Callable[[], Any]) -> Any: ...  # GroupScoring
 
+    if TYPE_CHECKING:  # DeliberateScoring's, later in DecisionEngine's bases
+
+        def _render_deliberate(self, q: Question) -> RenderedPrompt: ...
+        def _check_deliberate(self, q: Question) -> None: ...
+        def _plan_deliberate_group(self, *args: Any) -> GroupPlan: ...
+        def _evaluate_deliberate_group(self, plan: GroupPlan) -> Any: ...
+
     def _tokenize_text(self, text: str) -> list[int]:
         return list(self.core.tokenize(text, add_special=False, parse_special=False))
 
@@ -72,6 +81,8 @@ class ReadoutScoring:
         return direct_kind(q.answers or ())
 
     def _render_readout(self, q: Question) -> RenderedPrompt:
+        if q.readout == DELIBERATE:
+            return self._render_deliberate(q)
         return render(
             self.template, self.readout_prompt(q), q.state, q.question, q.descriptions, q.answers
         )
@@ -84,6 +95,9 @@ class ReadoutScoring:
     def _check_readout(self, q: Question) -> None:
         """What the readout needs of a question, refused before any forward pass (400 naming
         the field): a continuation's texts, a direct question's answer words."""
+        if q.readout == DELIBERATE:
+            self._check_deliberate(q)
+            return
         if q.readout == CONTINUATION:
             for i, d in enumerate(q.descriptions):
                 if not d.strip():
@@ -139,6 +153,8 @@ class ReadoutScoring:
         after: the shared state, or its own prompt's aligned head where that costs fewer
         tokens (a context is the prompt's tokens after the prefix plus the option's first k:
         after the state each context repeats the criterion and the option list)."""
+        if questions[0].readout == DELIBERATE:  # one readout per prompt head (worker.py)
+            return self._plan_deliberate_group(questions, rendered, fulls, head)
         state_tokens = self.tokenize_prompt(head)
         prefix, boundary = self.split(state_tokens, fulls)
         reads: list[Read] = []
@@ -171,6 +187,8 @@ class ReadoutScoring:
         )  # fmt: skip
 
     def _evaluate_readout_group(self, plan: GroupPlan) -> tuple[list[Scored], dict[str, Any]]:
+        if plan.questions[0].readout == DELIBERATE:
+            return self._evaluate_deliberate_group(plan)
         assert plan.reads is not None
         # Every context, by the prefix it goes after: -1 the shared state's (with no proven
         # split: each context whole, in one piece), i question i's own prompt head.

@@ -22,6 +22,7 @@ from typing import Any
 from semif_proxy.engine import exactness, label_tree, native
 from semif_proxy.engine.bias import BiasCorrection, ContentFreeCache
 from semif_proxy.engine.checks import TokenChecks
+from semif_proxy.engine.deliberate import DeliberateScoring
 from semif_proxy.engine.exactness import ExactnessCheck
 from semif_proxy.engine.injection import SpecialTokenPolicy
 from semif_proxy.engine.jobs import EngineJobs
@@ -52,10 +53,13 @@ from semif_proxy.settings.defaults import CONTENT_FREE_CACHE_ENTRIES
 log = logging.getLogger("semif_proxy.engine")
 
 
-class DecisionEngine(EngineJobs, TokenChecks, GroupScoring, ReadoutScoring, BiasCorrection):
+class DecisionEngine(
+    EngineJobs, TokenChecks, GroupScoring, ReadoutScoring, DeliberateScoring, BiasCorrection
+):
     """Questions in, scored rows out: the load and its checks here; job control (jobs.py), the
     checks before a forward pass (checks.py), group scoring (scoring.py; continuation and
-    direct readouts: readouts.py) and content-free answers (bias.py) are its parts."""
+    direct readouts: readouts.py; deliberate: deliberate.py) and content-free answers (bias.py)
+    are its parts."""
 
     def __init__(
         self,

@@ -50,7 +50,12 @@ async def _load_engine(app: web.Application) -> None:
         return
     app[ENGINE].engine = engine
     app[CPU_POLICY].attach(engine=engine)
-    log.info("decision engine ready", extra={"event": "engine_ready", **engine.model_info})
+    # The readout a question gets when it names none (SEMIF_READOUT), said once at start-up.
+    readout = app[SETTINGS].readout.describe()
+    log.info(
+        "decision engine ready",
+        extra={"event": "engine_ready", **engine.model_info, "default_readout": readout},
+    )
 
 
 async def engine_ctx(app: web.Application) -> AsyncIterator[None]:

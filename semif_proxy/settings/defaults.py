@@ -36,3 +36,8 @@ DEFAULT_NORMALIZATION = "mean"
 DEFAULT_BIAS_CORRECTION = "none"
 # - content-free answers (PMI, contextual bias correction) kept per engine, by option set.
 CONTENT_FREE_CACHE_ENTRIES = 1024
+# - the deliberate readout (issue #35): tokens a question lets the model write before its
+#   answer is read when it does not say (`deliberation_tokens`), and the most any may ask for
+#   (SEMIF_MAX_DELIBERATION_TOKENS; every generated token is one forward pass).
+DEFAULT_DELIBERATION_TOKENS = 64
+DEFAULT_MAX_DELIBERATION_TOKENS = 256

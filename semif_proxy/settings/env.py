@@ -18,6 +18,7 @@ from semif_proxy.engine.prompt import labels_for
 from semif_proxy.llama_server import ports
 from semif_proxy.llama_server.args import PREFIX, LlamaArgsError, llama_server_args
 from semif_proxy.model.files import ModelNotFoundError, discover_model
+from semif_proxy.settings.readouts import parse_readouts
 from semif_proxy.settings.schema import FALSE_WORDS, TRUE_WORDS, Settings, SettingsError
 
 # Settings field -> (environment variable, fallback SM_LLAMA_CPP_* variables)
@@ -61,6 +62,8 @@ ENV_VARS: dict[str, tuple[str, tuple[str, ...]]] = {
     "request_timeout": ("SEMIF_REQUEST_TIMEOUT", ()),
     "prefix_cache_mb": ("SEMIF_PREFIX_CACHE_MB", ()),
     "permutations": ("SEMIF_PERMUTATIONS", ()),
+    "readout": ("SEMIF_READOUT", ()),
+    "max_deliberation_tokens": ("SEMIF_MAX_DELIBERATION_TOKENS", ()),
     "labels": ("SEMIF_LABELS", ()),
     "max_options": ("SEMIF_MAX_OPTIONS", ()),
     "min_confidence": ("SEMIF_MIN_CONFIDENCE", ()),
@@ -99,6 +102,8 @@ def _raw_values(env: Mapping[str, str]) -> tuple[dict[str, Any], dict[str, str]]
                     elif field == "temperature":
                         values[field], values["position_prior"] = parse_calibration(raw)
                         sources["position_prior"] = var
+                    elif field == "readout":
+                        values[field] = parse_readouts(raw)
                     elif field == "min_confidence":
                         values[field] = min_confidence_from_setting(raw)
                     else:

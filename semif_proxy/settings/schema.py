@@ -18,11 +18,13 @@ from semif_proxy.model.gguf import read_gguf
 from semif_proxy.settings.defaults import (
     AUTO_CTX_MAX,
     DEFAULT_MAX_BODY_BYTES,
+    DEFAULT_MAX_DELIBERATION_TOKENS,
     FALLBACK_CTX,
     MIN_CTX,
     UBATCH_CPU,
     UBATCH_GPU,
 )
+from semif_proxy.settings.readouts import Readouts
 
 # The words read as on and off (SEMIF_CHAT=off, SM_LLAMA_CPP_REPACK=true, ...).
 TRUE_WORDS = frozenset({"1", "true", "on", "yes"})
@@ -124,6 +126,12 @@ class Settings(BaseModel):
     request_timeout: float = Field(55.0, gt=0.0)
     prefix_cache_mb: int = Field(256, ge=0)
     permutations: int = Field(1, ge=1, le=MAX_OPTIONS)
+    # The readout of a question that names none, per question type (settings/readouts.py).
+    readout: Readouts = Readouts()
+    # The most tokens a `deliberate` question may let the model write before its answer is read
+    # (its `deliberation_tokens`; one that sends none gets 64, DEFAULT_DELIBERATION_TOKENS, or
+    # this when lower). Each is a forward pass; they count against the prompt limit.
+    max_deliberation_tokens: int = Field(DEFAULT_MAX_DELIBERATION_TOKENS, ge=1, le=1 << 16)
     # Option labels: letters up to 26 options and numbers beyond ("auto"), or numbers always.
     labels: Literal["auto", "numbers"] = "auto"
     # System One abstention: a number, or a map by question type and option-count bucket

@@ -139,11 +139,32 @@ function questionTexts() {
   return [$("#question").value, ...$$("#extras .extra-question").map((i) => i.value)];
 }
 
+// The readout fields both APIs take (docs/api.md); none sent: the server's default.
+function readoutFields() {
+  const readout = $("#readout").value;
+  const fields = {};
+  if (readout) fields.readout = readout;
+  if (readout === "continuation") fields.normalization = $("#normalization").value;
+  if (readout === "deliberate") {
+    const budget = $("#deliberation-tokens").value.trim();
+    if (budget) fields.deliberation_tokens = Number(budget);  // empty: the server's default
+    fields.return_reasoning = true;
+  }
+  if ($("#contextual").checked) fields.bias_correction = "contextual";
+  return fields;
+}
+
+function showReadoutRows() {
+  $("#normalization-row").hidden = $("#readout").value !== "continuation";
+  $("#deliberation-row").hidden = $("#readout").value !== "deliberate";
+}
+$("#readout").addEventListener("change", showReadoutRows);
+
 function decisionsRequest() {
   const state = stateValue();
   const options = optionList();
   const decisions = questionTexts().map((question, i) => ({
-    id: `q${i + 1}`, state, question, options, return_prompt: true,
+    id: `q${i + 1}`, state, question, options, return_prompt: true, ...readoutFields(),
   }));
   return decisions.length === 1 ? { decision: decisions[0] } : { decisions };
 }
@@ -159,7 +180,9 @@ function systemOneRequest() {
     for (const o of options) if (o.id === "true" || o.id === "false") criteria[o.id] = o.description;
   }
   const questions = {};
-  questionTexts().forEach((q, i) => { questions[`q${i + 1}`] = { type, instructions: q, criteria }; });
+  questionTexts().forEach((q, i) => {
+    questions[`q${i + 1}`] = { type, instructions: q, criteria, ...readoutFields() };
+  });
   return { model: "jev-latest", state: stateValue(), questions };
 }
 
@@ -185,6 +208,8 @@ function showError(field, message) {
       return;
     }
     target = "#question-error"; input = $("#question");
+  } else if (/(^|\.)(readout|normalization|bias_correction|deliberation_tokens|return_reasoning)\b/.test(f)) {
+    target = "#readout-error"; input = $("#readout");
   } else if (/(^|\.)(options|criteria)\b/.test(f)) {
     target = "#options-error";
     const row = f.match(/(?:options|criteria)\[(\d+)\]/);
@@ -272,6 +297,19 @@ function card(title) {
   return div;
 }
 
+// A deliberate answer's reasoning (the text the model wrote before its letter was read).
+function reasoning(div, deliberation) {
+  if (!deliberation) return;
+  const details = document.createElement("details");
+  details.className = "reasoning";
+  const summary = document.createElement("summary");
+  summary.textContent = `Reasoning (${deliberation.tokens} tokens)`;
+  const pre = document.createElement("pre");
+  pre.textContent = deliberation.text || "";
+  details.append(summary, pre);
+  div.append(details);
+}
+
 function renderDecisions(body, questions) {
   const results = body.results || [body.result];
   return results.map((r, i) => {
@@ -282,8 +320,10 @@ function renderDecisions(body, questions) {
       ["input tokens", String(r.input_tokens)],
       ["forward", `${(1000 * r.timing.forward_seconds).toFixed(1)} ms`],
       ["total", `${(1000 * r.timing.total_seconds).toFixed(1)} ms`],
+      ["readout", r.readout],
       ["prompt", `${r.prompt_version}, sha256 ${r.prompt_sha256.slice(0, 12)}…`],
     ]));
+    reasoning(div, r.deliberation);
     if (r.prompt) {
       const details = document.createElement("details");
       const summary = document.createElement("summary");
@@ -310,9 +350,11 @@ function renderSystemOne(body, questions) {
       ["choice", a.choice],
       ["expected level", a.score !== undefined ? a.score.toFixed(3) : undefined],
       ["confidence", a.confidence !== undefined ? a.confidence.toFixed(3) : undefined],
+      ["readout", a.readout],
       ["input tokens", String(body.usage.input_tokens)],
       ["model", body.model],
     ]));
+    reasoning(div, a.deliberation);
     return div;
   });
 }

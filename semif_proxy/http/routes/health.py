@@ -108,6 +108,7 @@ async def health(request: web.Request) -> web.Response:
         body["cpu"]["llama_server_split_threads"] = plan.llama_server_split
     if engine is not None:
         body["model"] = engine.model_info
+        body["default_readout"] = app[SETTINGS].readout.model_dump(exclude_none=True)
         body["prefix_cache"] = {
             "entries": len(engine.cache),
             "bytes": engine.cache.size_bytes,

@@ -1,0 +1,284 @@
+"""The deliberate readout (issue #35) on the real SmolLM2 model: the model's greedy reasoning
+(Engine.generate), then the option letters read after a fixed answer cue. The letters are held
+to a one-piece evaluation of the whole text computed here from the raw native engine (every
+vocabulary logit read out), not from the readout code; the budget, the end of turn, the state
+the engine keeps, an abort, and the API's fields and errors."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from semif_proxy.api import systemone
+from semif_proxy.api.decisions import decide, parse_request
+from semif_proxy.api.schemas import Decision, Option
+from semif_proxy.engine import native
+from semif_proxy.engine.prompt import render_decision
+from semif_proxy.engine.readout_prompts import DELIBERATE_LABELS
+from semif_proxy.engine.worker import DecisionEngine
+from semif_proxy.errors import InvalidRequest, PayloadTooLarge
+from tests.conftest import GPU_LAYERS
+
+TOL = 0 if GPU_LAYERS == 0 else 1e-3  # GPU kernels are not bit-exact
+STATE = "Customer email: the password reset email never arrives and I cannot log in."
+OPTIONS = [("billing", "billing"), ("access", "login"), ("shipping", "shipping")]
+CUE = "\nSo the answer is ("  # the answer cue, as docs/method.md states it
+
+
+def decision(id_: str = "d", state: str = STATE, **fields) -> Decision:
+    fields = {"readout": "deliberate", **fields}
+    opts = [Option(id=i, description=d) for i, d in OPTIONS]
+    return Decision(
+        id=id_, state=state, question="Which queue?", options=opts, return_prompt=True, **fields
+    )
+
+
+def one_piece(engine: DecisionEngine, tokens: list[int]) -> tuple[np.ndarray, float]:
+    """The raw engine's logits at the end of `tokens` evaluated whole, and its logsumexp."""
+    engine.core.reset()
+    logits, lse, _ = engine.core.score(tokens, [[]], list(range(engine.core.n_vocab)))
+    return logits[0].astype(np.float64), float(lse[0])
+
+
+def letter_ids(engine: DecisionEngine, n: int) -> list[int]:
+    out = []
+    for letter in "ABCDEFGHIJKLMNOPQRSTUVWXYZ"[:n]:
+        [token] = engine.core.tokenize(letter, False, False)
+        out.append(token)
+    return out
+
+
+def plain_prompt(engine: DecisionEngine, question: str = "Which queue?") -> str:
+    descriptions = [d for _, d in OPTIONS]
+    return render_decision(engine.template, STATE, question, descriptions, DELIBERATE_LABELS).text
+
+
+def end_of_turn(engine: DecisionEngine) -> int:
+    [token] = engine.core.tokenize("<|im_end|>", False, True)  # SmolLM2's ChatML
+    return token
+
+
+def test_deliberate_letters_equal_the_whole_texts_one_piece_evaluation(
+    decision_engine: DecisionEngine,
+) -> None:
+    asked = [
+        decision("long", deliberation_tokens=12, return_reasoning=True),
+        decision("short", deliberation_tokens=5, return_reasoning=True).model_copy(
+            update={"question": "Which team should take it?"}
+        ),
+    ]
+    results, timing = decide(decision_engine, asked, ["decisions[0]", "decisions[1]"])
+    assert timing["mode"] == "shared_prefix"  # each read a branch after the state's prefix
+    assert timing["generated_tokens"] == sum(r["deliberation"]["tokens"] for r in results)
+    ids = letter_ids(decision_engine, len(OPTIONS))
+    for r, question in zip(results, ["Which queue?", "Which team should take it?"]):
+        assert r["readout"] == "deliberate-letter-logits"
+        assert r["prompt_version"] == "semif-deliberate-v1"
+        made = r["deliberation"]
+        assert 0 < made["tokens"] <= (12 if r["id"] == "long" else 5)
+        # The text read: the prompt as rendered, the model's reasoning, the cue.
+        assert r["prompt"] == plain_prompt(decision_engine, question) + made["text"] + CUE
+        assert "Think it through briefly" in r["prompt"]
+        row, lse = one_piece(decision_engine, decision_engine.tokenize_prompt(r["prompt"]))
+        np.testing.assert_allclose(r["option_logits"], row[ids], atol=TOL, rtol=0)
+        z = row[ids]
+        expected = np.exp(z - z.max()) / np.exp(z - z.max()).sum()
+        np.testing.assert_allclose(r["probabilities"], expected, atol=1e-9)
+        assert r["allowed_token_mass"] == pytest.approx(np.exp(z - lse).sum(), abs=1e-6)
+        assert r["input_tokens"] == len(decision_engine.tokenize_prompt(r["prompt"]))
+    # Greedy: the first token is the argmax of the prompt's own one-piece row.
+    prompt = decision_engine.tokenize_prompt(plain_prompt(decision_engine))
+    first = int(np.argmax(one_piece(decision_engine, prompt)[0]))
+    tokens, _, _ = decision_engine.core.generate(prompt, 1, [])
+    assert list(tokens) == [first]
+    # Asked again after other work, the same reasoning and the same numbers.
+    [again], _ = decide(decision_engine, [asked[1]], ["decision"])
+    assert again["deliberation"] == results[1]["deliberation"]
+    assert again["option_logits"] == results[1]["option_logits"]
+
+
+def test_the_budget_and_the_end_of_turn_end_the_reasoning(
+    decision_engine: DecisionEngine,
+) -> None:
+    core = decision_engine.core
+    prompt = decision_engine.tokenize_prompt(plain_prompt(decision_engine))
+    for budget in (1, 3, 8):
+        tokens, stop, stats = core.generate(prompt, budget, [end_of_turn(decision_engine)])
+        assert len(tokens) <= budget
+        assert stop == -1 if len(tokens) == budget else stop >= 0
+        assert stats["suffix_tokens"] == max(0, len(tokens) - (stop == -1))
+    assert core.generate(prompt, 0, [])[0] == []
+    # A question the model answers in a word: its end of turn ends it, well within the budget.
+    chat = "<|im_start|>user\nWhat is the capital of France? One word.<|im_end|>\n"
+    chat += "<|im_start|>assistant\n"
+    tokens, stop, _ = core.generate(decision_engine.tokenize_prompt(chat), 64, [])
+    assert 0 < len(tokens) < 64 and stop == end_of_turn(decision_engine)
+    # A stop id ends it too, and is not part of the text.
+    first = tokens[0]
+    cut, stop, _ = core.generate(decision_engine.tokenize_prompt(chat), 64, [first])
+    assert list(cut) == [] and stop == first
+    # Through the API: at most deliberation_tokens, the text only when asked.
+    [short], _ = decide(decision_engine, [decision(deliberation_tokens=2)], ["decision"])
+    assert short["deliberation"]["tokens"] <= 2 and "text" not in short["deliberation"]
+    assert short["deliberation"]["ended"] in ("budget", "end_of_turn")
+
+
+def test_the_engine_is_left_as_letters_expect_it(decision_engine: DecisionEngine) -> None:
+    letters = decision("letters", readout="letters")
+    [before], _ = decide(decision_engine, [letters], ["decision"])
+    decide(decision_engine, [decision(deliberation_tokens=6)], ["decision"])
+    [after], _ = decide(decision_engine, [letters], ["decision"])
+    assert after["option_logits"] == before["option_logits"]
+    assert after["probabilities"] == before["probabilities"]
+    # Sequence 0 holds the prompt alone afterwards, with its own one-piece logits.
+    prompt = decision_engine.tokenize_prompt(plain_prompt(decision_engine))
+    row, _ = one_piece(decision_engine, prompt)
+    decision_engine.core.generate(prompt, 6, [])
+    assert list(decision_engine.core.prefix_tokens) == prompt
+    held = decision_engine.core.get_prefix_logits().astype(np.float64)
+    np.testing.assert_array_equal(held, row)
+
+
+def test_an_abort_stops_the_generation(decision_engine: DecisionEngine) -> None:
+    core = decision_engine.core
+    story = "<|im_start|>user\nWrite a very long story about a dragon.<|im_end|>\n"
+    prompt = decision_engine.tokenize_prompt(story + "<|im_start|>assistant\n")
+    core.reset()
+    start = core.tokens_evaluated
+    failure: list[BaseException] = []
+
+    def generate() -> None:
+        try:
+            core.generate(prompt, 3000, [])
+        except BaseException as exc:  # handed to the test thread
+            failure.append(exc)
+
+    worker = threading.Thread(target=generate)
+    worker.start()
+    deadline = time.monotonic() + 60
+    while core.tokens_evaluated < start + len(prompt) + 3 and worker.is_alive():
+        assert time.monotonic() < deadline
+        time.sleep(0.005)
+    assert worker.is_alive(), "the story ended before it could be aborted"
+    core.abort()
+    worker.join(30)
+    try:
+        assert not worker.is_alive()
+        assert failure and isinstance(failure[0], native.LlamaError)
+        assert failure[0].code == native.ERR_ABORTED
+        assert core.tokens_evaluated - start < len(prompt) + 3000
+        assert list(core.prefix_tokens) == []  # an aborted call leaves no prefix held
+    finally:
+        core.clear_abort()
+    [answered], _ = decide(decision_engine, [decision(deliberation_tokens=2)], ["decision"])
+    assert answered["readout"] == "deliberate-letter-logits"
+
+
+def test_the_prompt_limit_counts_the_budget(
+    decision_engine: DecisionEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    plain = len(decision_engine.tokenize_prompt(plain_prompt(decision_engine)))
+    limited = decision_engine.settings.model_copy(update={"max_prompt_tokens": plain + 8})
+    monkeypatch.setattr(decision_engine, "settings", limited)
+    with pytest.raises(PayloadTooLarge) as err:
+        decide(decision_engine, [decision(deliberation_tokens=16)], ["decision"])
+    assert err.value.field == "decision" and err.value.extra["limit"] == plain + 8
+    assert "deliberation_tokens" in err.value.message
+    [fits], _ = decide(decision_engine, [decision(deliberation_tokens=1)], ["decision"])
+    assert fits["deliberation"]["tokens"] <= 1
+
+
+@pytest.mark.parametrize(
+    ("fields", "field", "words"),
+    [
+        ({"readout": "letters", "deliberation_tokens": 8}, "deliberation_tokens", "only"),
+        ({"readout": "continuation", "return_reasoning": True}, "return_reasoning", "only"),
+        ({"deliberation_tokens": 0}, "deliberation_tokens", "greater than or equal to 1"),
+        ({"deliberation_tokens": 2.5}, "deliberation_tokens", "integer"),
+        ({"deliberation_tokens": "8"}, "deliberation_tokens", "integer"),
+        ({"readout": "thinking"}, "readout", "'deliberate'"),
+    ],
+)
+def test_bad_deliberation_fields_name_the_field(fields: dict, field: str, words: str) -> None:
+    body = {"decision": {**decision().model_dump(exclude_defaults=True), **fields}}
+    with pytest.raises(InvalidRequest) as err:
+        parse_request(body)
+    assert err.value.field == f"decision.{field}" and words in err.value.message
+
+
+def test_engine_refusals_name_the_field(decision_engine: DecisionEngine) -> None:
+    most = decision_engine.settings.max_deliberation_tokens
+    with pytest.raises(InvalidRequest) as err:
+        decide(decision_engine, [decision(deliberation_tokens=most + 1)], ["decision"])
+    assert err.value.field == "decision.deliberation_tokens"
+    assert str(most) in err.value.message and "SEMIF_MAX_DELIBERATION_TOKENS" in err.value.message
+    with pytest.raises(InvalidRequest) as err:
+        decide(decision_engine, [decision(bias_correction="contextual")], ["decision"])
+    assert err.value.field == "decision.bias_correction"
+
+
+def test_a_system_one_question_deliberates(decision_engine: DecisionEngine) -> None:
+    settings, sha = decision_engine.settings, decision_engine.sha256
+    body = {
+        "model": "jev-latest",
+        "state": STATE,
+        "questions": {
+            "queue": {"type": "choice", "criteria": {"billing": None, "login": None},
+                      "readout": "deliberate", "deliberation_tokens": 4,
+                      "return_reasoning": True},
+            "login": {"type": "noul", "instructions": "Is this a login problem?",
+                      "readout": "deliberate", "deliberation_tokens": 3},
+            "urgency": {"type": "score", "criteria": ["not", "somewhat", "very"]},
+        },
+    }  # fmt: skip
+    out = systemone.answer(decision_engine, systemone.plan(body, settings, sha), strict=False)
+    answers = out["answers"]
+    for qid in ("queue", "login"):
+        assert answers[qid]["readout"] == "deliberate-letter-logits"
+        assert answers[qid]["prompt_version"] == "semif-deliberate-v1"
+    assert 0 < answers["queue"]["deliberation"]["tokens"] <= 4
+    assert "text" in answers["queue"]["deliberation"]
+    assert "text" not in answers["login"]["deliberation"]
+    assert 0 < answers["login"]["noul"] < 1
+    assert answers["urgency"]["readout"] == "letter-logits"
+    assert "deliberation" not in answers["urgency"]
+    made = answers["queue"]["deliberation"]["tokens"] + answers["login"]["deliberation"]["tokens"]
+    assert out["usage"]["output_tokens"] == made
+    strict = systemone.answer(decision_engine, systemone.plan(body, settings, sha), strict=True)
+    assert "deliberation" not in strict["answers"]["queue"]
+
+
+def test_http_fields_limits_and_errors(model_path: Path, start_app) -> None:
+    server = start_app(model_path, {"SEMIF_MAX_DELIBERATION_TOKENS": "6"})
+    body = decision(return_reasoning=True).model_dump(exclude_defaults=True)
+    reply = server.call("POST", "/v1/decisions", {"decision": body}, timeout=120)
+    assert reply.status == 200, reply.body
+    result = reply.json()["result"]
+    assert result["readout"] == "deliberate-letter-logits"
+    # The default budget, at most the setting.
+    assert 0 < result["deliberation"]["tokens"] <= 6 and "text" in result["deliberation"]
+    assert sum(result["probabilities"]) == pytest.approx(1.0)
+    for fields, status, field in [
+        ({"deliberation_tokens": 7}, 400, "decision.deliberation_tokens"),
+        ({"readout": "letters", "deliberation_tokens": 2}, 400, "decision.deliberation_tokens"),
+        ({"deliberation_tokens": "two"}, 400, "decision.deliberation_tokens"),
+    ]:
+        bad = server.call("POST", "/v1/decisions", {"decision": {**body, **fields}})
+        assert bad.status == status, bad.body
+        error = bad.json()["error"]
+        assert error["field"] == field
+        if fields.get("deliberation_tokens") == 7:
+            assert "6" in error["message"] and "SEMIF_MAX_DELIBERATION_TOKENS" in error["message"]
+    one = {"model": "jev-latest", "state": STATE, "questions": {"q": {
+        "type": "noul", "readout": "deliberate", "deliberation_tokens": 9}}}  # fmt: skip
+    bad = server.call("POST", "/v1/systemone", one)
+    assert bad.status == 422, bad.body
+    assert bad.json()["detail"][0]["loc"] == ["body", "questions", "q", "deliberation_tokens"]
+    one["questions"]["q"]["deliberation_tokens"] = 2
+    good = server.call("POST", "/v1/systemone", one, timeout=120)
+    assert good.status == 200, good.body
+    assert good.json()["answers"]["q"]["deliberation"]["tokens"] <= 2

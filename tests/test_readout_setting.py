@@ -1,0 +1,151 @@
+"""SEMIF_READOUT: the readout of a question that names none, per question type, on the served
+app (the real engine and SmolLM2): what it reads equals the same readout asked for by name, a
+request's own readout wins, and the server says its default in /health."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+STATE = "Customer: I was charged twice for my March invoice and cannot log in to see it."
+QUEUES = [
+    {"id": "billing", "description": "payments, invoices and refunds"},
+    {"id": "login", "description": "passwords and access to the account"},
+]
+SETTING = '{"default": "continuation", "noul": "direct", "score": "direct"}'
+
+
+def decision(**fields: object) -> dict:
+    return {"decision": {"id": "d", "state": STATE, "question": "Which queue?",
+                         "options": QUEUES, **fields}}  # fmt: skip
+
+
+def system_one(**questions: dict) -> dict:
+    return {"model": "jev-latest", "state": STATE, "questions": questions}
+
+
+def test_questions_without_a_readout_get_the_servers(model_path: Path, start_app) -> None:
+    server = start_app(model_path, {"SEMIF_READOUT": SETTING})
+    health = server.call("GET", "/health").json()
+    assert health["default_readout"] == {
+        "default": "continuation",
+        "noul": "direct",
+        "score": "direct",
+    }
+
+    unnamed = server.call("POST", "/v1/decisions", decision(), timeout=120)
+    named = server.call("POST", "/v1/decisions", decision(readout="continuation"), timeout=120)
+    assert unnamed.status == named.status == 200, (unnamed.body, named.body)
+    a, b = unnamed.json()["result"], named.json()["result"]
+    assert a["readout"] == "continuation-logprobs" and a["normalization"] == "mean"
+    assert a["option_logits"] == b["option_logits"]  # the same reading, bit for bit
+    # Normalisation belongs to continuation: sent without a readout under this default, it is
+    # the default's and accepted.
+    pmi = server.call("POST", "/v1/decisions", decision(normalization="pmi"), timeout=120)
+    assert pmi.status == 200 and pmi.json()["result"]["normalization"] == "pmi"
+    own = server.call("POST", "/v1/decisions", decision(readout="letters"), timeout=120)
+    assert own.json()["result"]["readout"] == "letter-logits"  # the request's own wins
+
+    body = system_one(
+        refund={"type": "noul", "instructions": "Is a refund owed?"},
+        urgency={"type": "score", "instructions": "How urgent?", "criteria": ["low", "high"]},
+        queue={"type": "choice", "criteria": {"billing": None, "login": None}},
+        plain={"type": "noul", "instructions": "Is it about billing?", "readout": "letters"},
+    )
+    reply = server.call("POST", "/v1/systemone", body, timeout=120)
+    assert reply.status == 200, reply.body
+    answers = reply.json()["answers"]
+    assert answers["refund"]["readout"] == "direct-yes-no"
+    assert answers["urgency"]["readout"] == "direct-levels"
+    assert answers["queue"]["readout"] == "continuation-logprobs"
+    assert answers["plain"]["readout"] == "letter-logits"
+
+
+def test_a_direct_default_answers_the_scores_it_cannot_read_with_letters(
+    model_path: Path, start_app
+) -> None:
+    """Twelve levels are no single digits: a direct the request asks for is refused (422 at
+    its readout), the server's direct default reads that score by letters instead."""
+    server = start_app(model_path, {"SEMIF_READOUT": '{"score": "direct"}'})
+    levels = [f"level {i}" for i in range(12)]
+    wide = {"type": "score", "instructions": "How bad?", "criteria": levels}
+    reply = server.call("POST", "/v1/systemone", system_one(q=wide), timeout=120)
+    assert reply.status == 200, reply.body
+    assert reply.json()["answers"]["q"]["readout"] == "letter-logits"
+    asked = server.call("POST", "/v1/systemone", system_one(q={**wide, "readout": "direct"}))
+    assert asked.status == 422
+    assert asked.json()["detail"][0]["loc"] == ["body", "questions", "q", "readout"]
+
+
+def test_under_the_default_setting_normalization_alone_is_refused(
+    model_path: Path, start_app
+) -> None:
+    server = start_app(model_path)
+    reply = server.call("POST", "/v1/decisions", decision(normalization="sum"))
+    assert reply.status == 400
+    assert reply.json()["error"]["field"] == "decision.normalization"
+    assert server.call("GET", "/health").json()["default_readout"] == {"default": "letters"}
+
+
+@pytest.mark.parametrize("value", ["direct", "sideways", '{"choice": "direct"}'])
+def test_a_bad_setting_stops_the_server_naming_it(value: str, tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"GGUF")
+    run = subprocess.run(
+        [sys.executable, "-m", "semif_proxy.cli", "serve", "--model", str(model)],
+        env={"PATH": "/usr/bin:/bin", "SEMIF_READOUT": value},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert run.returncode == 2, run.stderr
+    assert "SEMIF_READOUT" in run.stderr and "Traceback" not in run.stderr
+
+
+def test_a_default_reads_by_letters_what_it_cannot_read(model_path: Path, start_app) -> None:
+    """A question the default readout would refuse is read by letters under it (a default
+    answers every question); the same readout asked for by name is refused, naming the field."""
+    server = start_app(
+        model_path, {"SEMIF_READOUT": "deliberate", "SEMIF_MAX_DELIBERATION_TOKENS": "4"}
+    )
+    many = [{"id": f"q{i}", "description": f"queue number {i}"} for i in range(30)]
+    wide = server.call("POST", "/v1/decisions", decision(options=many), timeout=120)
+    assert wide.status == 200, wide.body
+    assert wide.json()["result"]["readout"] == "label-sequence-logprobs"  # numbers past 26
+    named = server.call("POST", "/v1/decisions", decision(options=many, readout="deliberate"))
+    assert named.status == 400 and named.json()["error"]["field"] == "decision.readout"
+
+    corrected = decision(bias_correction="contextual")
+    reply = server.call("POST", "/v1/decisions", corrected, timeout=120)
+    assert reply.status == 200, reply.body
+    assert reply.json()["result"]["readout"] == "letter-logits"
+    plain = server.call("POST", "/v1/decisions", decision(), timeout=120)
+    assert plain.json()["result"]["readout"] == "deliberate-letter-logits"
+
+    # Over the budget's limit: refused even where no model call is made (one option).
+    one = decision(options=QUEUES[:1], readout="deliberate", deliberation_tokens=5)
+    over = server.call("POST", "/v1/decisions", one)
+    assert over.status == 400
+    assert over.json()["error"]["field"] == "decision.deliberation_tokens"
+    assert "SEMIF_MAX_DELIBERATION_TOKENS" in over.json()["error"]["message"]
+    q = {"type": "choice", "criteria": {"billing": None}, "readout": "deliberate",
+         "deliberation_tokens": 5}  # fmt: skip
+    s1 = server.call("POST", "/v1/systemone", system_one(q=q))
+    assert s1.status == 422
+    assert s1.json()["detail"][0]["loc"] == ["body", "questions", "q", "deliberation_tokens"]
+
+
+def test_a_continuation_default_reads_empty_descriptions_by_letters(
+    model_path: Path, start_app
+) -> None:
+    server = start_app(model_path, {"SEMIF_READOUT": "continuation"})
+    blank = [{"id": "billing", "description": ""}, {"id": "login", "description": "access"}]
+    reply = server.call("POST", "/v1/decisions", decision(options=blank), timeout=120)
+    assert reply.status == 200, reply.body
+    assert reply.json()["result"]["readout"] == "letter-logits"
+    named = server.call("POST", "/v1/decisions", decision(options=blank, readout="continuation"))
+    assert named.status == 400
