@@ -132,7 +132,8 @@ def verdicts(all_summaries: list[dict[str, Any]]) -> list[str]:
         f"Met by: {', '.join(met)}."
         if met
         else "No readout meets the rule yet: the default "
-        "stays `letters`; each readout is opt-in per question or by SEMIF_READOUT "
+        "stays `letters` with no correction; each readout and correction is opt-in per question, "
+        "or for a server by SEMIF_READOUT and SEMIF_BIAS_CORRECTION "
         '([method.md](method.md), "Other readouts", says what each is good for).',
         "",
     ]
@@ -159,6 +160,10 @@ def page(all_summaries: list[dict[str, Any]]) -> str:
         "- cost: p50 latency / letters' p50 at the same permutations, over the tasks both "
         "answered, of wall seconds and of the process's CPU seconds; ECE: 10 equal-width bins "
         "of the predicted label's probability",
+        "- the cost compares runs as they were made: each at its own load (load1) and, for a "
+        "config run after another in the same process, with the states that one left in the "
+        "prefix cache. It is a like-for-like figure only where load1 matches and the config ran "
+        "first in its process; the verdicts below read accuracy, and cost only as a bound",
         "",
     ]
     if not all_summaries:

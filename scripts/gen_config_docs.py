@@ -90,6 +90,11 @@ NOTES: dict[str, dict[str, str]] = {
         '`{"noul": "direct", "score": "direct"}` (`default`: the types not named). '
         "A request's own `readout` wins (docs/readouts.md).",
     },
+    "SEMIF_BIAS_CORRECTION": {
+        "more": "`none` or `contextual` (the answers after a content-free state divided out); one "
+        "name for every type, or JSON by question type as SEMIF_READOUT. Deliberate questions "
+        "stay uncorrected. A request's own `bias_correction` wins (docs/readouts.md).",
+    },
     "SEMIF_HEALTH_INTERVAL": {"what": "Seconds between two llama-server health probes."},
     "SEMIF_MAX_FAILED_PROBES": {
         "what": "Failed health probes in a row before a stalled llama-server is killed and "
@@ -376,8 +381,8 @@ def _kind(name: str, info: Any, bools: set[str]) -> str:
             if getattr(meta, attr, None) is not None:
                 bounds.append(f"{sign} {getattr(meta, attr)}")
     label = {int: "integer", float: "number", str: "text", Path: "path"}.get(base)
-    if getattr(base, "__name__", "") == "Readouts":
-        label = "a readout's name, or JSON by question type"
+    if getattr(base, "__name__", "") in ("Readouts", "BiasCorrections"):
+        label = "a name, or JSON by question type"
     elif label is None:
         label = "a number, JSON or a file"
     return ", ".join([label, *bounds])

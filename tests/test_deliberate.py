@@ -22,6 +22,7 @@ from semif_proxy.engine.readout_prompts import DELIBERATE_LABELS
 from semif_proxy.engine.worker import DecisionEngine
 from semif_proxy.errors import InvalidRequest, PayloadTooLarge
 from tests.conftest import GPU_LAYERS
+from tests.helpers.one_piece import one_piece
 
 TOL = 0 if GPU_LAYERS == 0 else 1e-3  # GPU kernels are not bit-exact
 STATE = "Customer email: the password reset email never arrives and I cannot log in."
@@ -35,13 +36,6 @@ def decision(id_: str = "d", state: str = STATE, **fields) -> Decision:
     return Decision(
         id=id_, state=state, question="Which queue?", options=opts, return_prompt=True, **fields
     )
-
-
-def one_piece(engine: DecisionEngine, tokens: list[int]) -> tuple[np.ndarray, float]:
-    """The raw engine's logits at the end of `tokens` evaluated whole, and its logsumexp."""
-    engine.core.reset()
-    logits, lse, _ = engine.core.score(tokens, [[]], list(range(engine.core.n_vocab)))
-    return logits[0].astype(np.float64), float(lse[0])
 
 
 def letter_ids(engine: DecisionEngine, n: int) -> list[int]:

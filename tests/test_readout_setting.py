@@ -149,3 +149,45 @@ def test_a_continuation_default_reads_empty_descriptions_by_letters(
     assert reply.json()["result"]["readout"] == "letter-logits"
     named = server.call("POST", "/v1/decisions", decision(options=blank, readout="continuation"))
     assert named.status == 400
+
+
+def test_a_server_bias_correction_applies_where_none_is_asked(model_path: Path, start_app) -> None:
+    """SEMIF_BIAS_CORRECTION=contextual: a question that names none is corrected exactly as one
+    that asks for it by name; `none` asked by the request wins; deliberate stays uncorrected."""
+    server = start_app(
+        model_path,
+        {"SEMIF_BIAS_CORRECTION": "contextual", "SEMIF_MAX_DELIBERATION_TOKENS": "4"},
+    )
+    health = server.call("GET", "/health").json()
+    assert health["default_bias_correction"] == {"default": "contextual"}
+    unnamed = server.call("POST", "/v1/decisions", decision(), timeout=120).json()["result"]
+    named = server.call(
+        "POST", "/v1/decisions", decision(bias_correction="contextual"), timeout=120
+    ).json()["result"]
+    assert unnamed["bias_correction"] == "contextual"
+    assert unnamed["probabilities"] == named["probabilities"]
+    assert unnamed["content_free_logits"] == named["content_free_logits"]
+    plain = server.call("POST", "/v1/decisions", decision(bias_correction="none"), timeout=120)
+    assert "bias_correction" not in plain.json()["result"]
+    assert plain.json()["result"]["probabilities"] != unnamed["probabilities"]
+    thought = server.call("POST", "/v1/decisions", decision(readout="deliberate"), timeout=120)
+    assert thought.status == 200, thought.body
+    assert "bias_correction" not in thought.json()["result"]
+
+    body = system_one(refund={"type": "noul", "instructions": "Is a refund owed?"})
+    reply = server.call("POST", "/v1/systemone", body, timeout=120)
+    assert reply.json()["answers"]["refund"]["bias_correction"] == "contextual"
+
+
+def test_a_bad_bias_correction_setting_names_the_variable(tmp_path: Path) -> None:
+    from semif_proxy.settings import SettingsError, load_settings
+
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"GGUF")
+    for value in ("batchy", '{"noul": "sideways"}'):
+        with pytest.raises(SettingsError, match="SEMIF_BIAS_CORRECTION") as caught:
+            load_settings({"SEMIF_BIAS_CORRECTION": value}, model=str(model))
+        assert "is not a bias correction" in str(caught.value)
+    typed = load_settings({"SEMIF_BIAS_CORRECTION": '{"noul": "contextual"}'}, model=str(model))
+    assert typed.bias_correction.for_type("noul") == "contextual"
+    assert typed.bias_correction.for_type("choice") == "none"

@@ -139,7 +139,7 @@ def test_readout_default_forms(tmp_path: Path) -> None:
         ("direct", "default: direct reads yes/no and score questions only"),
         ('{"choice": "direct"}', "choice: direct reads"),
         ('{"colour": "letters"}', "'colour' is not a question type"),
-        ('{"noul": 3}', "noul: expected a readout's name"),
+        ('{"noul": 3}', "noul: expected a name"),
         ('["letters"]', "not a readout"),
         ("{nope", "not JSON"),
     ],

@@ -15,8 +15,10 @@ import numpy as np
 
 from semif_proxy.api import rotations, rows_log
 from semif_proxy.api.readout_fields import (
+    DEFAULT_BIAS_CORRECTION,
     DEFAULT_NORMALIZATION,
     DEFAULT_READOUT,
+    corrected_by,
     deliberation_budget,
     reported,
     resolved,
@@ -51,6 +53,7 @@ def parse_request(
     max_decisions: int | None = None,
     max_options: int | None = None,
     default_readout: str = DEFAULT_READOUT,
+    default_bias: str = DEFAULT_BIAS_CORRECTION,
 ) -> DecisionRequest:
     """Validate a body of either shape (400/413 with the exact field on failure); the count
     limits are SEMIF_MAX_DECISIONS and SEMIF_MAX_OPTIONS on the server, none on the command
@@ -70,24 +73,27 @@ def parse_request(
                 check_count(len(options), f"{path}.options", max_options, "SEMIF_MAX_OPTIONS")
     if "decision" in body:
         single = parse(SingleRequest, body)
-        asked = [_read_as(single.decision, default_readout)]
+        asked = [_read_as(single.decision, default_readout, default_bias)]
         check_readouts(asked, ["decision"])
         return DecisionRequest(asked, ["decision"], single=True)
     shared = parse(SharedRequest, body)
     check_shared(shared)
     paths = [f"decisions[{i}]" for i in range(len(shared.decisions))]
-    asked = [_read_as(d, default_readout) for d in shared.decisions]
+    asked = [_read_as(d, default_readout, default_bias) for d in shared.decisions]
     check_readouts(asked, paths)
     return DecisionRequest(asked, paths, single=False)
 
 
-def _read_as(decision: Decision, default: str) -> Decision:
+def _read_as(decision: Decision, default: str, bias: str = DEFAULT_BIAS_CORRECTION) -> Decision:
+    """The decision with the readout and bias correction it is read by: its own, else the
+    server's defaults for decisions (SEMIF_READOUT, SEMIF_BIAS_CORRECTION)."""
     descriptions = [o.description for o in decision.options]
     fits = decision.answers() is not None
     readout = resolved(decision.readout, default, descriptions, decision.bias_correction, fits)
-    if readout == decision.readout:
+    correction = corrected_by(decision.bias_correction, bias, readout)
+    if (readout, correction) == (decision.readout, decision.bias_correction):
         return decision
-    return decision.model_copy(update={"readout": readout})
+    return decision.model_copy(update={"readout": readout, "bias_correction": correction})
 
 
 def rotated_questions(
@@ -99,8 +105,11 @@ def rotated_questions(
     temperature = settings.temperature.for_type("decision")
     prior = settings.position_prior
     # Decisions that reach here unparsed (tests, eval's rows) get the server's readout too.
-    default = settings.readout.for_type("decision")
-    decisions = [_read_as(d, default) for d in decisions]
+    default, bias = (
+        settings.readout.for_type("decision"),
+        settings.bias_correction.for_type("decision"),
+    )
+    decisions = [_read_as(d, default, bias) for d in decisions]
     return [
         rotated(
             Question(

@@ -67,6 +67,15 @@ def resolved(
     return "letters" if refused else default
 
 
+def corrected_by(asked: str | None, default: str, readout: str) -> str:
+    """The bias correction a question gets: its own `bias_correction`, else the server's for its
+    type (SEMIF_BIAS_CORRECTION), which leaves deliberate questions uncorrected (deliberate
+    refuses a correction it was not asked for by name)."""
+    if asked is not None:
+        return asked
+    return DEFAULT_BIAS_CORRECTION if readout == "deliberate" else default
+
+
 def deliberation_error(
     readout: str, deliberation_tokens: int | None, return_reasoning: bool, most: int | None = None
 ) -> tuple[str, str] | None:
@@ -154,6 +163,7 @@ __all__ = [
     "BiasCorrection",
     "Normalization",
     "Readout",
+    "corrected_by",
     "deliberation_budget",
     "deliberation_error",
     "direct_answers",

@@ -17,7 +17,6 @@ from pydantic import (
 )
 
 from semif_proxy.api.readout_fields import (
-    DEFAULT_BIAS_CORRECTION,
     DIRECT_NEEDS,
     BiasCorrection,
     Normalization,
@@ -57,7 +56,7 @@ class Decision(BaseModel):
     # bias correction divides out the answers after a content-free state.
     readout: Readout | None = None  # None: the server's (SEMIF_READOUT), letters unless set
     normalization: Normalization | None = None  # continuation only; None: "mean"
-    bias_correction: BiasCorrection = DEFAULT_BIAS_CORRECTION
+    bias_correction: BiasCorrection | None = None  # None: SEMIF_BIAS_CORRECTION's, "none"
     # deliberate only: the most tokens the model writes before its letters are read (None: the
     # default, at most SEMIF_MAX_DELIBERATION_TOKENS), and whether the answer returns that text.
     deliberation_tokens: StrictInt | None = Field(None, ge=1)

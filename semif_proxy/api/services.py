@@ -55,11 +55,14 @@ class Decisions:
     def plan(
         self, body: dict[str, Any], settings: Settings, sha256: str
     ) -> decisions.DecisionRequest:
-        default = settings.readout.for_type("decision")
+        defaults = {
+            "default_readout": settings.readout.for_type("decision"),
+            "default_bias": settings.bias_correction.for_type("decision"),
+        }
         if not self.limited:
-            return decisions.parse_request(body, default_readout=default)
+            return decisions.parse_request(body, **defaults)
         return decisions.parse_request(
-            body, settings.max_decisions, settings.max_options, default_readout=default
+            body, settings.max_decisions, settings.max_options, **defaults
         )
 
     def answer(self, engine: DecisionEngine, planned: decisions.DecisionRequest) -> Answered:

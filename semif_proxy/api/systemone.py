@@ -118,7 +118,7 @@ def checked(parsed: Parsed, settings: Settings, sha256: str) -> tuple[str, list[
         raise schema_error(["model"], f"unknown model {parsed.model!r}; available: {available}")
     most = settings.max_deliberation_tokens
     return served, [
-        build_spec(qid, q, settings.labels, settings.readout, most)
+        build_spec(qid, q, settings.labels, settings.readout, most, settings.bias_correction)
         for qid, q in parsed.questions.items()
     ]
 

@@ -11,7 +11,6 @@ from typing import Annotated, Any, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError
 
 from semif_proxy.api.readout_fields import (
-    DEFAULT_BIAS_CORRECTION,
     BiasCorrection,
     Normalization,
     Readout,
@@ -42,7 +41,7 @@ class _Read(_Strict):
 
     readout: Readout | None = None  # None: the server's (SEMIF_READOUT), letters unless set
     normalization: Normalization | None = None  # continuation only; None: "mean"
-    bias_correction: BiasCorrection = DEFAULT_BIAS_CORRECTION
+    bias_correction: BiasCorrection | None = None  # None: SEMIF_BIAS_CORRECTION's, "none"
     deliberation_tokens: StrictInt | None = Field(None, ge=1)  # deliberate only
     return_reasoning: bool = False  # deliberate only
 

@@ -12,6 +12,7 @@ from semif_proxy.api.readout_fields import (
     DEFAULT_NORMALIZATION,
     DEFAULT_READOUT,
     DIRECT_NEEDS,
+    corrected_by,
     deliberation_error,
     direct_answers,
     normalization_error,
@@ -27,7 +28,7 @@ from semif_proxy.api.systemone_schemas import (
     schema_error,
 )
 from semif_proxy.engine.prompt import NUMBER_LABELS, labels_for
-from semif_proxy.settings.readouts import Readouts
+from semif_proxy.settings.readouts import BiasCorrections, Readouts
 
 
 def _text(value: Content | None) -> str:
@@ -60,14 +61,18 @@ def build_spec(
     labels: str = "auto",
     defaults: Readouts | None = None,
     most: int | None = None,
+    biases: BiasCorrections | None = None,
 ) -> Spec:
     """A question as the engine asks it, read as it asks (422 at its readout fields when they
     do not fit it). `labels`: SEMIF_LABELS (lettered options lettered or numbered);
-    `defaults`: SEMIF_READOUT; `most`: SEMIF_MAX_DELIBERATION_TOKENS."""
+    `defaults`: SEMIF_READOUT; `most`: SEMIF_MAX_DELIBERATION_TOKENS; `biases`:
+    SEMIF_BIAS_CORRECTION."""
     spec = _options(qid, q, labels)
     fits = spec.kind != "choice" and direct_answers(spec.option_ids) is not None
     default = (defaults or Readouts()).for_type(spec.kind)
     how = resolved(q.readout, default, spec.descriptions, q.bias_correction, fits)
+    bias = (biases or BiasCorrections()).for_type(spec.kind)
+    correction = corrected_by(q.bias_correction, bias, how)
     problem = normalization_error(how, q.normalization)
     if problem:
         raise schema_error(["questions", qid, "normalization"], problem)
@@ -80,7 +85,7 @@ def build_spec(
         spec,
         readout=how,
         normalization=q.normalization or DEFAULT_NORMALIZATION,
-        bias_correction=q.bias_correction,
+        bias_correction=correction,
         answers=direct_answers(spec.option_ids) if how == "direct" else None,
         deliberation_tokens=q.deliberation_tokens,
         return_reasoning=q.return_reasoning,

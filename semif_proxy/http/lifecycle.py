@@ -50,12 +50,14 @@ async def _load_engine(app: web.Application) -> None:
         return
     app[ENGINE].engine = engine
     app[CPU_POLICY].attach(engine=engine)
-    # The readout a question gets when it names none (SEMIF_READOUT), said once at start-up.
-    readout = app[SETTINGS].readout.describe()
-    log.info(
-        "decision engine ready",
-        extra={"event": "engine_ready", **engine.model_info, "default_readout": readout},
-    )
+    # How a question that names none is read (SEMIF_READOUT, SEMIF_BIAS_CORRECTION), said once.
+    settings = app[SETTINGS]
+    defaults = {
+        "default_readout": settings.readout.describe(),
+        "default_bias_correction": settings.bias_correction.describe(),
+    }
+    extra = {"event": "engine_ready", **engine.model_info, **defaults}
+    log.info("decision engine ready", extra=extra)
 
 
 async def engine_ctx(app: web.Application) -> AsyncIterator[None]:

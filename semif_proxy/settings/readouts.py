@@ -1,7 +1,8 @@
-"""SEMIF_READOUT: the readout a decision or System One question gets when it names none (issue
-#35). One word for every question type ("continuation"), or a JSON object by type as
-SEMIF_CALIBRATION's temperatures are given (`{"noul": "direct", "score": "direct"}`; `default`
-for the types not named). A request's own `readout` always wins.
+"""SEMIF_READOUT and SEMIF_BIAS_CORRECTION: how a decision or System One question is read when
+it says nothing of it (issue #35). Each is one word for every question type ("continuation",
+"contextual"), or a JSON object by type as SEMIF_CALIBRATION's temperatures are given
+(`{"noul": "direct", "score": "direct"}`; `default` for the types not named). A request's own
+`readout` / `bias_correction` always wins.
 
 `direct` reads yes/no and score answers only, so it may be the default of `noul` and `score`
 alone: a server default that refused every other question would be no default."""
@@ -9,31 +10,40 @@ alone: a server default that refused every other question would be no default.""
 from __future__ import annotations
 
 import json
+from typing import ClassVar, TypeVar
 
 from pydantic import BaseModel, ConfigDict, model_validator
 
-from semif_proxy.settings.defaults import DEFAULT_READOUT
+from semif_proxy.settings.defaults import DEFAULT_BIAS_CORRECTION, DEFAULT_READOUT
 
 READOUT_NAMES = ("letters", "continuation", "direct", "deliberate")
+BIAS_CORRECTION_NAMES = ("none", "contextual")
 DIRECT_TYPES = ("noul", "score")
 
 
-class Readouts(BaseModel):
-    """The default readout per question type; `default` applies where no type is named."""
+class _PerType(BaseModel):
+    """A value per question type; `default` applies where no type is named."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
-    default: str = DEFAULT_READOUT
+    names: ClassVar[tuple[str, ...]] = ()
+    what: ClassVar[str] = ""
+    default: str
     decision: str | None = None
     noul: str | None = None
     choice: str | None = None
     score: str | None = None
 
     @model_validator(mode="after")
-    def _known(self) -> Readouts:
+    def _known(self) -> _PerType:
         for kind, value in self.model_dump().items():
             if value is not None:
-                check(kind, value)
+                self.check(kind, value)
         return self
+
+    @classmethod
+    def check(cls, kind: str, value: str) -> None:
+        if value not in cls.names:
+            raise ValueError(f"{kind}: {value!r} is not {cls.what} (one of {', '.join(cls.names)})")
 
     def for_type(self, kind: str) -> str:
         value = getattr(self, kind, None)
@@ -45,36 +55,64 @@ class Readouts(BaseModel):
         return ", ".join([self.default, *named])
 
 
-def check(kind: str, value: str) -> None:
-    if value not in READOUT_NAMES:
-        raise ValueError(f"{kind}: {value!r} is not a readout (one of {', '.join(READOUT_NAMES)})")
-    if value == "direct" and kind not in DIRECT_TYPES:
-        raise ValueError(
-            f"{kind}: direct reads yes/no and score questions only; name it per type "
-            '(e.g. {"noul": "direct", "score": "direct"})'
-        )
+T = TypeVar("T", bound=_PerType)
 
 
-def parse_readouts(value: str) -> Readouts:
-    """SEMIF_READOUT: a readout's name, or a JSON object of them by question type."""
+class Readouts(_PerType):
+    names: ClassVar[tuple[str, ...]] = READOUT_NAMES
+    what: ClassVar[str] = "a readout"
+    default: str = DEFAULT_READOUT
+
+    @classmethod
+    def check(cls, kind: str, value: str) -> None:
+        super().check(kind, value)
+        if value == "direct" and kind not in DIRECT_TYPES:
+            raise ValueError(
+                f"{kind}: direct reads yes/no and score questions only; name it per type "
+                '(e.g. {"noul": "direct", "score": "direct"})'
+            )
+
+
+class BiasCorrections(_PerType):
+    names: ClassVar[tuple[str, ...]] = BIAS_CORRECTION_NAMES
+    what: ClassVar[str] = "a bias correction"
+    default: str = DEFAULT_BIAS_CORRECTION
+
+
+def parse_per_type(value: str, model: type[T]) -> T:
+    """A name for every type, or a JSON object of names by question type."""
     text = value.strip()
     if not text.startswith("{"):
-        check("default", text.lower())
-        return Readouts(default=text.lower())
+        model.check("default", text.lower())
+        return model(default=text.lower())
     try:
         parsed = json.loads(text)
     except json.JSONDecodeError as exc:
         raise ValueError(f"not JSON: {exc}") from None
-    kinds = Readouts.model_fields
-    if not isinstance(parsed, dict):
-        raise ValueError("expected a readout's name or a JSON object by question type")
+    kinds = [k for k in model.model_fields if k not in ("names", "what")]
     for kind, name in parsed.items():
         if kind not in kinds:
             raise ValueError(f"{kind!r} is not a question type (one of {', '.join(kinds)})")
         if not isinstance(name, str):
-            raise ValueError(f"{kind}: expected a readout's name, got {name!r}")
-        check(kind, name.lower())
-    return Readouts(**{k: v.lower() for k, v in parsed.items()})
+            raise ValueError(f"{kind}: expected a name, got {name!r}")
+        model.check(kind, name.lower())
+    return model(**{k: v.lower() for k, v in parsed.items()})
 
 
-__all__ = ["DIRECT_TYPES", "READOUT_NAMES", "Readouts", "check", "parse_readouts"]
+def parse_readouts(value: str) -> Readouts:
+    return parse_per_type(value, Readouts)
+
+
+def parse_bias_corrections(value: str) -> BiasCorrections:
+    return parse_per_type(value, BiasCorrections)
+
+
+__all__ = [
+    "BIAS_CORRECTION_NAMES",
+    "DIRECT_TYPES",
+    "READOUT_NAMES",
+    "BiasCorrections",
+    "Readouts",
+    "parse_bias_corrections",
+    "parse_readouts",
+]

@@ -24,7 +24,7 @@ from semif_proxy.settings.defaults import (
     UBATCH_CPU,
     UBATCH_GPU,
 )
-from semif_proxy.settings.readouts import Readouts
+from semif_proxy.settings.readouts import BiasCorrections, Readouts
 
 # The words read as on and off (SEMIF_CHAT=off, SM_LLAMA_CPP_REPACK=true, ...).
 TRUE_WORDS = frozenset({"1", "true", "on", "yes"})
@@ -128,6 +128,8 @@ class Settings(BaseModel):
     permutations: int = Field(1, ge=1, le=MAX_OPTIONS)
     # The readout of a question that names none, per question type (settings/readouts.py).
     readout: Readouts = Readouts()
+    # The bias correction of a question that names none, per type (settings/readouts.py).
+    bias_correction: BiasCorrections = BiasCorrections()
     # The most tokens a `deliberate` question may let the model write before its answer is read
     # (its `deliberation_tokens`; one that sends none gets 64, DEFAULT_DELIBERATION_TOKENS, or
     # this when lower). Each is a forward pass; they count against the prompt limit.

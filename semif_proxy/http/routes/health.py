@@ -108,7 +108,9 @@ async def health(request: web.Request) -> web.Response:
         body["cpu"]["llama_server_split_threads"] = plan.llama_server_split
     if engine is not None:
         body["model"] = engine.model_info
-        body["default_readout"] = app[SETTINGS].readout.model_dump(exclude_none=True)
+        settings = app[SETTINGS]
+        body["default_readout"] = settings.readout.model_dump(exclude_none=True)
+        body["default_bias_correction"] = settings.bias_correction.model_dump(exclude_none=True)
         body["prefix_cache"] = {
             "entries": len(engine.cache),
             "bytes": engine.cache.size_bytes,
