@@ -19,6 +19,7 @@ import pytest
 from semif_proxy.engine import prefix_split
 from semif_proxy.errors import EngineFailure, InvalidRequest, PayloadTooLarge
 from semif_proxy.http import jsonlines
+from semif_proxy.http.routes import batch_transform
 from semif_proxy.settings import load_settings
 from semif_proxy.testing.server import ProxyProcess, wait_for
 from tests.conftest import StartProxy, engine_settings
@@ -306,7 +307,7 @@ def test_execution_parameters_are_public(batch_server: ProxyProcess) -> None:
 )
 def test_payload_is_the_body_limit_in_whole_mib(model_path: Path, body_bytes: int, mb: int) -> None:
     settings = load_settings({}, model=str(model_path), chat=False, max_body_bytes=body_bytes)
-    assert jsonlines.execution_parameters(settings)["MaxPayloadInMB"] == mb
+    assert batch_transform.execution_parameters(settings)["MaxPayloadInMB"] == mb
 
 
 def test_line_limit(batch_server: ProxyProcess) -> None:

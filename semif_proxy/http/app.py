@@ -52,7 +52,7 @@ def create_app(settings: Settings, on_fatal: Callable[[], None] | None = None) -
     app.router.add_get("/health", health.health)
     app.router.add_get("/metrics", health.metrics)
     app.router.add_post("/invocations", invocations.invocations)
-    app.router.add_get("/execution-parameters", batch_transform.execution_parameters)
+    app.router.add_get("/execution-parameters", batch_transform.execution_parameters_route)
     app.router.add_post("/v1/decisions", decisions.decisions)
     app.router.add_post("/v1/systemone", systemone.systemone_route)
     app.router.add_post("/v1/systemone/batch", systemone.batch_route)

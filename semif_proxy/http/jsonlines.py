@@ -9,11 +9,12 @@ a blank line) is answered with an error object on its own line and never fails i
 What is not the line's fault fails the whole call, so that SageMaker retries it and, failing
 that, fails the job: a line the deadline did not reach (504), an engine failure (503).
 
-No HTTP here: the route reads the body and runs the groups on the engine. This module splits the
-body into lines, validates each line on its own (before anything queues for the engine), groups
-the lines by state so that one state's lines run one after another (the engine keeps the last
-prefix it evaluated, so the state is prefilled once per group), answers lines on the engine
-thread, and renders the answer lines.
+No aiohttp here: the route reads the body within its admission slot and hands it over with its
+way onto the engine (http/engine_job.py). This module splits the body into lines, validates
+each line on its own (on a worker thread, before anything queues for the engine), groups the
+lines by state so that one state's lines run one after another (the engine keeps the last
+prefix it evaluated, so the state is prefilled once per group), answers them in engine jobs of
+at most JSON_LINES_PER_JOB lines, and renders the answer lines.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import logging
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from semif_proxy.api import services
 from semif_proxy.errors import (
@@ -38,37 +39,29 @@ from semif_proxy.errors import (
     internal_error,
 )
 from semif_proxy.http.bodies import parse_json
-from semif_proxy.settings import Settings
+from semif_proxy.settings import JSON_LINES_PER_JOB, Settings
 
 if TYPE_CHECKING:
     from semif_proxy.api.services import Answered
     from semif_proxy.engine.worker import DecisionEngine
 
 log = logging.getLogger("semif_proxy.jsonlines")
+T = TypeVar("T")
+
+
+class EngineAccess(Protocol):
+    """What a call needs of the engine: the route's admitted way onto it (http/engine_job.py)."""
+
+    engine: DecisionEngine
+
+    async def run(self, fn: Callable[[], T]) -> T: ...  # on the engine thread
+
+    async def off_loop(self, fn: Callable[[], T]) -> T: ...  # on a worker thread
+
 
 # What Batch Transform jobs and clients send for JSON Lines; we answer in the first spelling.
 MEDIA_TYPES = frozenset({"application/jsonlines", "application/jsonl", "application/x-jsonlines"})
 CONTENT_TYPE = "application/jsonlines"
-MIB = 1 << 20
-MAX_PAYLOAD_MB = 100  # SageMaker's largest MaxPayloadInMB
-
-
-def execution_parameters(settings: Settings) -> dict[str, Any]:
-    """GET /execution-parameters: what a Batch Transform job that leaves them unset uses.
-
-    One line per call (SingleRecord): a line takes up to about half a second, so a call of
-    MultiRecord's thousands of lines would outrun the request deadline, and SageMaker would
-    write what the deadline did not reach as a failed call. Lines of one state still share its
-    prefill across calls through the engine's prefix cache. One call at a time: the engine
-    evaluates one job at a time, so a second concurrent call would only wait, its deadline
-    running. The payload is the body limit in whole MiB (SageMaker counts whole MB; 1 MiB is at
-    least 1 MB however it counts them), at least 1 (0 means streaming to SageMaker) and at most
-    SageMaker's 100."""
-    return {
-        "MaxConcurrentTransforms": 1,
-        "BatchStrategy": "SingleRecord",
-        "MaxPayloadInMB": min(MAX_PAYLOAD_MB, max(1, settings.max_body_bytes // MIB)),
-    }
 
 
 def split_lines(raw: bytes) -> list[bytes]:
@@ -293,6 +286,49 @@ def not_reached(count: int, total: int, timeout: float) -> Timeout:
     )
 
 
+@dataclass(frozen=True)
+class Answered:
+    """A JSON Lines call's answer: the body, and what the access log says of it."""
+
+    body: bytes
+    lines: int
+    errors: int
+    states: int
+    tokens: int
+
+
+async def answer_body(raw: bytes, settings: Settings, call: EngineAccess, request_id: str) -> Answered:
+    """Every line planned within the deadline, the valid ones answered on the engine grouped by
+    state, one answer line per line, in order. A line the deadline did not reach fails the
+    whole call (504), as does an engine that fails (503), so that SageMaker retries the call
+    rather than keep error lines."""
+    texts = split_lines(raw)
+    if not texts:
+        raise InvalidRequest("the JSON Lines body has no lines", field="body")
+    check_line_count(len(texts), settings.max_batch_lines)
+    lines = await call.off_loop(functools.partial(plan_lines, texts, settings, call.engine.sha256))
+    by_state = groups(lines)
+    progress = Progress(request_id)
+    try:
+        for group in by_state:
+            for start in range(0, len(group), JSON_LINES_PER_JOB):
+                part = group[start : start + JSON_LINES_PER_JOB]
+                await call.run(functools.partial(run_lines, call.engine, part, progress))
+    except Timeout:
+        progress.close()  # from here on the engine thread's late answers are dropped
+        count = unfinished(lines)
+        raise not_reached(count, len(lines), settings.request_timeout) from None
+    finally:
+        progress.close()
+    return Answered(
+        body=render(lines, request_id),
+        lines=len(lines),
+        errors=sum(1 for line in lines if line.error is not None),
+        states=len(by_state),
+        tokens=sum(line.tokens for line in lines),
+    )
+
+
 def output(line: Line, request_id: str) -> dict[str, Any]:
     """A line's answer, or the error body the same request alone would get, with the line's
     number and the status it would have had."""
@@ -309,24 +345,3 @@ def render(lines: Sequence[Line], request_id: str) -> bytes:
     """One JSON object per line, no newline after the last: SageMaker's AssembleWith=Line adds
     one after each call's answer, and a second would leave a blank line between calls."""
     return "\n".join(json.dumps(output(line, request_id)) for line in lines).encode("utf-8")
-
-
-__all__ = [
-    "CONTENT_TYPE",
-    "MEDIA_TYPES",
-    "Line",
-    "Progress",
-    "check_line_count",
-    "check_prompts",
-    "count_prompts",
-    "execution_parameters",
-    "groups",
-    "not_reached",
-    "plan_line",
-    "plan_lines",
-    "prompt_limit",
-    "render",
-    "run_lines",
-    "split_lines",
-    "unfinished",
-]

@@ -1,4 +1,5 @@
-"""Request id, the one error middleware, metrics and the per-request JSON log line."""
+"""Request id and deadline, the one error middleware, metrics and the per-request JSON log
+line."""
 
 from __future__ import annotations
 
@@ -10,35 +11,20 @@ from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
-from semif_proxy.errors import ApiError, Timeout, internal_error
-from semif_proxy.http.keys import METRICS, SETTINGS
+from semif_proxy.errors import ApiError, internal_error
+from semif_proxy.http import deadline
+from semif_proxy.http.keys import METRICS
 
 log = logging.getLogger("semif_proxy.access")
 REQUEST_ID = web.RequestKey("request_id", str)
-# Monotonic (loop.time()) instant by which the request's own work must end: queueing included.
-DEADLINE = web.RequestKey("deadline", float)
 # perf_counter() at arrival, the request's route label in the metrics (fixed set, metrics.py),
-# and whether its first upstream chunk was timed (first_chunk).
+# and whether its first upstream chunk was timed (routes/proxy.first_chunk).
 STARTED = web.RequestKey("started", float)
 METRICS_ROUTE = web.RequestKey("metrics_route", str)
 FIRST_CHUNK = web.RequestKey("first_chunk", bool)
 # The prompt tokens the request counted (its route sets it; the access log and metrics read it).
 TOKENS = web.RequestKey("tokens", int)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-
-
-def remaining(request: web.Request) -> float:
-    """Seconds left before the request's deadline (never below a millisecond)."""
-    return max(0.001, request[DEADLINE] - asyncio.get_running_loop().time())
-
-
-def deadline_passed(request: web.Request) -> Timeout:
-    timeout = request.app[SETTINGS].request_timeout
-    return Timeout(
-        f"the request took longer than {timeout:g}s and its work was stopped "
-        "(SEMIF_REQUEST_TIMEOUT; SageMaker cuts real-time invocations at 60 s)",
-        limit=timeout,
-    )
 
 
 def error_response(error: ApiError, request_id: str) -> web.Response:
@@ -53,24 +39,13 @@ def _route_name(request: web.Request) -> str:
     return info.canonical if info is not None else "unmatched"
 
 
-def first_chunk(request: web.Request, upstream_status: int, stream: bool) -> None:
-    """Time to first token: from the request's arrival to the relay's first chunk from
-    llama-server, observed once per request (later calls do nothing), for answers only (2xx:
-    an error comes back fast and says nothing about generation)."""
-    if request.get(FIRST_CHUNK) or STARTED not in request or not 200 <= upstream_status < 300:
-        return
-    request[FIRST_CHUNK] = True
-    elapsed = time.perf_counter() - request[STARTED]
-    request.app[METRICS].first_chunk(request[METRICS_ROUTE], stream, elapsed)
-
-
 @web.middleware
 async def request_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     request_id = request.headers.get("X-Request-Id") or uuid.uuid4().hex
     if len(request_id) > 128 or not request_id.isprintable():
         request_id = uuid.uuid4().hex
     request[REQUEST_ID] = request_id
-    request[DEADLINE] = asyncio.get_running_loop().time() + request.app[SETTINGS].request_timeout
+    deadline.start(request)
     metrics = request.app[METRICS]
     resource = request.match_info.route.resource
     metrics_route = metrics.route_label(

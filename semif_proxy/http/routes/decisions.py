@@ -7,12 +7,10 @@ from aiohttp import web
 from semif_proxy.api.services import SERVICES
 from semif_proxy.http import engine_job
 from semif_proxy.http.bodies import read_json_object
-from semif_proxy.http.keys import DECISION_ADMISSION, SETTINGS
-from semif_proxy.http.middleware import remaining
+from semif_proxy.http.keys import SETTINGS
 
 
 async def decisions(request: web.Request) -> web.Response:
-    engine = engine_job.require_engine(request)
-    async with request.app[DECISION_ADMISSION].slot(remaining(request)):
+    async with engine_job.admitted(request) as call:
         body, _ = await read_json_object(request, request.app[SETTINGS].max_body_bytes)
-        return await engine_job.answer(request, engine, SERVICES["decisions"], body)
+        return await call.answer(SERVICES["decisions"], body)

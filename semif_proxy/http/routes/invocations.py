@@ -10,7 +10,6 @@ from semif_proxy.api import services
 from semif_proxy.http import engine_job, jsonlines
 from semif_proxy.http.bodies import read_json_object
 from semif_proxy.http.keys import CHAT_ADMISSION, DECISION_ADMISSION, SETTINGS
-from semif_proxy.http.middleware import remaining
 from semif_proxy.http.routes import batch_transform, proxy, systemone
 
 
@@ -25,10 +24,8 @@ async def invocations(request: web.Request) -> web.StreamResponse:
     body, raw = await read_json_object(request, request.app[SETTINGS].max_body_bytes)
     service = services.find(body)  # None: chat
     if service is None:
-        async with chat_queue.slot(remaining(request)):
-            return await proxy.forward(request, raw, "/v1/chat/completions")
+        return await proxy.chat(request, raw)
     if service.name == "systemone":
         request[systemone.SYSTEM_ONE] = True
-    engine = engine_job.require_engine(request)
-    async with decision_queue.slot(remaining(request)):
-        return await engine_job.answer(request, engine, service, body)
+    async with engine_job.admitted(request) as call:
+        return await call.answer(service, body)

@@ -7,6 +7,7 @@ import contextlib
 import json
 import logging
 import re
+import time
 
 import aiohttp
 from aiohttp import web
@@ -14,8 +15,9 @@ from aiohttp import web
 from semif_proxy.errors import NotFound, Unavailable, UpstreamError
 from semif_proxy.http.auth import normalise_path, split_target
 from semif_proxy.http.bodies import parse_json, read_limited
-from semif_proxy.http.keys import CHAT_ADMISSION, CPU_POLICY, LLAMA, SETTINGS, UPSTREAM
-from semif_proxy.http.middleware import REQUEST_ID, deadline_passed, first_chunk, remaining
+from semif_proxy.http.deadline import deadline_passed, remaining
+from semif_proxy.http.keys import CHAT_ADMISSION, CPU_POLICY, LLAMA, METRICS, SETTINGS, UPSTREAM
+from semif_proxy.http.middleware import FIRST_CHUNK, METRICS_ROUTE, REQUEST_ID, STARTED
 from semif_proxy.llama_server.supervisor import LlamaServer
 from semif_proxy.settings import Settings
 
@@ -102,6 +104,24 @@ async def forward(request: web.Request, body: bytes, path: str | None = None) ->
         async with request.app[CPU_POLICY].chat_turn(remaining(request)) as server:
             return await _relay(request, body, path, server)
     return await _relay(request, body, path)
+
+
+def first_chunk(request: web.Request, upstream_status: int, stream: bool) -> None:
+    """Time to first token: from the request's arrival to the relay's first chunk from
+    llama-server, observed once per request (later calls do nothing), for answers only (2xx:
+    an error comes back fast and says nothing about generation)."""
+    if request.get(FIRST_CHUNK) or STARTED not in request or not 200 <= upstream_status < 300:
+        return
+    request[FIRST_CHUNK] = True
+    elapsed = time.perf_counter() - request[STARTED]
+    request.app[METRICS].first_chunk(request[METRICS_ROUTE], stream, elapsed)
+
+
+async def chat(request: web.Request, body: bytes) -> web.StreamResponse:
+    """A chat completion read already (POST /invocations): its place in the chat queue, then
+    llama-server's /v1/chat/completions."""
+    async with request.app[CHAT_ADMISSION].slot(remaining(request)):
+        return await forward(request, body, "/v1/chat/completions")
 
 
 async def _relay(

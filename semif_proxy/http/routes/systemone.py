@@ -11,8 +11,8 @@ from semif_proxy.api import systemone_batch, systemone_schemas
 from semif_proxy.api.services import SERVICES
 from semif_proxy.http import engine_job
 from semif_proxy.http.bodies import read_json_object
-from semif_proxy.http.keys import DECISION_ADMISSION, SETTINGS
-from semif_proxy.http.middleware import REQUEST_ID, TOKENS, remaining
+from semif_proxy.http.keys import SETTINGS
+from semif_proxy.http.middleware import REQUEST_ID, TOKENS
 from semif_proxy.http.routes import proxy
 
 # The TypeSafe SDK reads a response's request id (`result.request_id`, and its errors') here.
@@ -24,28 +24,23 @@ ROUTES = frozenset({"/v1/systemone", "/v1/systemone/batch", "/v1/models"})
 
 async def systemone_route(request: web.Request) -> web.Response:
     request[SYSTEM_ONE] = True
-    engine = engine_job.require_engine(request)
-    async with request.app[DECISION_ADMISSION].slot(remaining(request)):
+    async with engine_job.admitted(request) as call:
         body, _ = await read_json_object(request, request.app[SETTINGS].max_body_bytes)
-        return await engine_job.answer(request, engine, SERVICES["systemone"], body)
+        return await call.answer(SERVICES["systemone"], body)
 
 
 async def batch_route(request: web.Request) -> web.Response:
     """Each state is its own engine job, so single requests queued meanwhile are not held up
     behind the whole batch, and the deadline is checked between states as well as within."""
-    engine = engine_job.require_engine(request)
     settings = request.app[SETTINGS]
-    async with request.app[DECISION_ADMISSION].slot(remaining(request)):
+    async with engine_job.admitted(request) as call:
         body, _ = await read_json_object(request, settings.max_body_bytes)
+        engine = call.engine
         batch = systemone_batch.plan_batch(body, settings, engine.sha256)
-        await engine_job.run_job(
-            request, engine, functools.partial(systemone_batch.check_batch, engine, batch)
-        )
+        await call.run(functools.partial(systemone_batch.check_batch, engine, batch))
         responses = [
-            await engine_job.run_job(
-                request,
-                engine,
-                functools.partial(systemone_batch.answer_state, engine, batch, i, settings.strict),
+            await call.run(
+                functools.partial(systemone_batch.answer_state, engine, batch, i, settings.strict)
             )
             for i in range(len(batch.states))
         ]
