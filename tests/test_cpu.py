@@ -189,3 +189,54 @@ def test_a_disabled_gate_lets_everything_through_at_once() -> None:
             assert not gate.exclusive_held and gate.shared_holders == 0
 
     asyncio.run(scenario())
+
+
+class Upstream:
+    def __init__(self) -> None:
+        self.healthy = self.answering = True
+
+
+def test_a_stalled_llama_servers_chats_hold_no_decision_back() -> None:
+    """Chats hold their turn until their last chunk; once their llama-server misses a probe
+    (stopped, wedged) the first waiting decision goes beside them, one decision at a time, and
+    the turns the chats hold stay counted."""
+    gate, server = CpuGate(), Upstream()
+    gate.attach(server=server)
+
+    async def scenario() -> None:
+        chat = gate.chat_turn()
+        await chat.__aenter__()
+        got: list[str] = []
+        first_done = asyncio.Event()
+
+        async def decision(name: str, hold: bool) -> None:
+            async with gate.engine_turn(timeout=30):
+                got.append(name)
+                if hold:
+                    await first_done.wait()
+
+        d1 = asyncio.create_task(decision("d1", True))
+        await settle(lambda: gate.waiting == 1, "d1 waits for the chat")
+        d2 = asyncio.create_task(decision("d2", False))
+        await settle(lambda: gate.waiting == 2, "d2 waits behind d1")
+        await asyncio.sleep(0.6)  # a few polls while the server answers: nobody passes
+        assert got == [] and gate.stalled_passes == 0
+        server.answering = False  # its last probe failed
+        await asyncio.wait_for(_until(lambda: got == ["d1"]), 5)
+        await asyncio.sleep(0.6)
+        assert got == ["d1"] and gate.exclusive_held and gate.shared_holders == 1  # one at a time
+        first_done.set()
+        await asyncio.wait_for(asyncio.gather(d1, d2), 5)
+        assert got == ["d1", "d2"] and gate.stalled_passes == 2
+        assert gate.stats() == {"stalled_chat_passes": 2}
+        await chat.__aexit__(None, None, None)  # the chat ends at last (its server was killed)
+        assert gate.shared_holders == 0 and not gate.exclusive_held and gate.waiting == 0
+        async with gate.engine_turn(timeout=1):  # and the gate works as before
+            assert gate.exclusive_held
+
+    asyncio.run(scenario())
+
+
+async def _until(condition: Callable[[], bool]) -> None:
+    while not condition():
+        await asyncio.sleep(0.01)

@@ -8,6 +8,7 @@ process."""
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import resource
@@ -216,6 +217,40 @@ def test_ping_and_chat_recover_after_llama_server_resumes(watched: ProxyProcess)
     assert watched.call("POST", "/v1/chat/completions", CHAT, timeout=30).status == 200
     health = watched.call("GET", "/health").json()["llama_server"]
     assert health["pid"] == pid and health["restarts"] == 0
+
+
+def test_a_chat_on_a_stalled_llama_server_holds_no_decision_back(watched: ProxyProcess) -> None:
+    """A chat streams when its llama-server stops (SIGSTOP). The chat holds its CPU turn until
+    its last chunk, which does not come; a decision sent then waited for it until the chat's
+    deadline (a 504 after 55 s here, where no restart comes) or the supervisor's restart (17 s
+    with the defaults). Now it is answered once llama-server misses a probe."""
+    pid = watched.call("GET", "/health").json()["llama_server"]["pid"]
+    conn = http.client.HTTPConnection("127.0.0.1", watched.port, timeout=60)
+    chat = {
+        "messages": [{"role": "user", "content": "Count from 1 to 500, one number a line."}],
+        "max_tokens": 600,
+        "temperature": 0,
+        "stream": True,
+    }
+    conn.request(
+        "POST", "/v1/chat/completions", json.dumps(chat), {"Content-Type": "application/json"}
+    )
+    stream = conn.getresponse()
+    assert stream.status == 200
+    assert stream.read(6) == b"data: "  # the first event came: the chat holds its turn
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        start = time.monotonic()
+        decision = watched.call("POST", "/v1/decisions", {"decision": ROUTING}, timeout=70)
+        waited = time.monotonic() - start
+        assert decision.status == 200, decision.body[:300]
+        assert waited < 15, waited
+        assert watched.call("GET", "/health").json()["cpu"]["stalled_chat_passes"] >= 1
+    finally:
+        os.kill(pid, signal.SIGCONT)
+        conn.close()  # the client hangs up: the proxy stops the generation
+    wait_for(lambda: status_of(watched, "GET", "/ping") == 200, 10, "/ping 200 after SIGCONT")
+    assert watched.call("POST", "/v1/chat/completions", CHAT, timeout=30).status == 200
 
 
 def test_a_llama_server_that_stays_stalled_is_restarted(model_path: Path, tmp_path: Path) -> None:

@@ -94,11 +94,13 @@ class CpuDynamicSplit:
             self._set_engine_threads()
         if server is not None:
             self._server = server
+            self.gate.attach(server=server)  # its chats hold no decision once it stalls
         if split is not None:
             self._split = split
 
     def stats(self, engine: Any = None) -> dict[str, Any]:
         return {
+            **self.gate.stats(),
             "engine_split_threads": self.engine_split,
             "split_calls": self.split_calls,
             "split_waits": self.split_waits,

@@ -8,6 +8,12 @@ one decision and a decision for at most the chats already running; new chats que
 waiting decision, and a stream of chats cannot starve decisions (nor the reverse). Two jobs
 run side by side on shared cores would each take about twice as long; one after the other, the
 first answer comes about twice as early and the second no later.
+
+A chat holds its turn until its last chunk, so a llama-server that stops answering (stopped,
+wedged, being killed by its supervisor) would hold every decision behind its chats until the
+supervisor's restart or the chats' deadline: a decision that waits for chats looks every
+POLL_S whether their llama-server missed its last probe, and then goes beside them (a stalled
+child computes nothing).
 """
 
 from __future__ import annotations
@@ -19,6 +25,9 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from semif_proxy.errors import Timeout
+
+# How often a decision that waits for chats looks whether their llama-server stopped answering.
+POLL_S = 0.25
 
 
 def no_turn(timeout: float | None) -> Timeout:
@@ -42,17 +51,57 @@ class CpuGate:
         self.shared_holders = 0
         self.exclusive_held = False
         self.waits = 0  # acquisitions that had to queue
+        self.stalled_passes = 0  # decisions let past the chats of a llama-server not answering
         self._queue: deque[tuple[bool, asyncio.Future[None]]] = deque()
+        self._server: Any = None  # the llama-server its chats run on (an Upstream)
 
     @property
     def waiting(self) -> int:
         return sum(1 for _, fut in self._queue if not fut.done())
 
     def attach(self, engine: Any = None, server: Any = None, split: Any = None) -> None:
-        """Nothing to steer: the gate only orders turns."""
+        """Nothing to steer: the gate only orders turns; it watches the llama-server its chats
+        run on (`answering`) so that a stalled one holds no decision back."""
+        if server is not None:
+            self._server = server
 
     def stats(self, engine: Any = None) -> dict[str, Any]:
-        return {}
+        return {"stalled_chat_passes": self.stalled_passes} if self.enabled else {}
+
+    def _chats_stalled(self) -> bool:
+        server = self._server
+        return (
+            self.shared_holders > 0
+            and not self.exclusive_held
+            and server is not None
+            and not server.answering
+        )
+
+    async def _granted(self, fut: asyncio.Future[None], timeout: float | None) -> None:
+        """A decision's wait for its turn; once the chats it waits for are stalled (above) and
+        it is the first decision in the queue, it takes the turn beside them."""
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+        while True:
+            left = None if deadline is None else deadline - loop.time()
+            if left is not None and left <= 0:
+                raise asyncio.TimeoutError
+            try:
+                await asyncio.wait_for(
+                    asyncio.shield(fut), POLL_S if left is None else min(POLL_S, left)
+                )
+                return
+            except asyncio.TimeoutError:
+                first = next(
+                    (f for exclusive, f in self._queue if exclusive and not f.done()), None
+                )
+                if fut.done() or first is not fut or not self._chats_stalled():
+                    continue
+                self._queue = deque(e for e in self._queue if e[1] is not fut)
+                self._enter(True)
+                self.stalled_passes += 1
+                fut.set_result(None)
+                return
 
     @contextlib.asynccontextmanager
     async def engine_turn(self, timeout: float | None = None) -> AsyncIterator[None]:
@@ -101,7 +150,10 @@ class CpuGate:
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._queue.append((exclusive, fut))
         try:
-            await asyncio.wait_for(asyncio.shield(fut), timeout)
+            if exclusive and self._server is not None:
+                await self._granted(fut, timeout)
+            else:
+                await asyncio.wait_for(asyncio.shield(fut), timeout)
         except BaseException as exc:
             if fut.done() and not fut.cancelled():
                 self._release(exclusive)  # granted in the very moment the caller gave up

@@ -32,6 +32,10 @@ class Upstream(Protocol):
 
     @property
     def healthy(self) -> bool: ...
+    @property
+    def answering(self) -> bool:
+        """Healthy and its last probe passed (a stalled one holds no decision back: gate.py)."""
+        ...
 
 
 class CpuPolicy(Protocol):

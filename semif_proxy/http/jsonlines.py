@@ -297,7 +297,9 @@ class Answered:
     tokens: int
 
 
-async def answer_body(raw: bytes, settings: Settings, call: EngineAccess, request_id: str) -> Answered:
+async def answer_body(
+    raw: bytes, settings: Settings, call: EngineAccess, request_id: str
+) -> Answered:
     """Every line planned within the deadline, the valid ones answered on the engine grouped by
     state, one answer line per line, in order. A line the deadline did not reach fails the
     whole call (504), as does an engine that fails (503), so that SageMaker retries the call
