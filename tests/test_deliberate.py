@@ -246,6 +246,32 @@ def test_a_system_one_question_deliberates(decision_engine: DecisionEngine) -> N
     assert "deliberation" not in strict["answers"]["queue"]
 
 
+def test_usage_counts_the_tokens_generated_not_the_budget(decision_engine: DecisionEngine) -> None:
+    """A question the model answers in a few words: its reasoning ends (end of turn) the same
+    way under any budget above that, so the tokens evaluated, System One's usage, are the same;
+    they used to count the whole budget. A budget that is used up counts what it generated."""
+    settings, sha = decision_engine.settings, decision_engine.sha256
+
+    def ask(state: str, question: str, budget: int) -> dict:
+        q = {"type": "noul", "instructions": question, "readout": "deliberate",
+             "deliberation_tokens": budget}  # fmt: skip
+        body = {"model": "jev-latest", "state": state, "questions": {"q": q}}
+        return systemone.answer(decision_engine, systemone.plan(body, settings, sha), strict=False)
+
+    paris = ("Paris is the capital of France.", "Is Paris the capital of France?")
+    small, large = ask(*paris, 32), ask(*paris, 256)
+    made = small["answers"]["q"]["deliberation"]
+    assert made["ended"] == "end_of_turn" and made["tokens"] < 32
+    assert large["answers"]["q"]["deliberation"] == made
+    assert large["usage"] == small["usage"]
+    sky = ("The sky is blue.", "Is the sky blue?")
+    short, longer = ask(*sky, 8), ask(*sky, 16)
+    assert short["answers"]["q"]["deliberation"] == {"tokens": 8, "ended": "budget"}
+    assert longer["answers"]["q"]["deliberation"] == {"tokens": 16, "ended": "budget"}
+    # 8 more tokens generated after the same prompt, and read again in the answer's prompt.
+    assert 12 <= longer["usage"]["input_tokens"] - short["usage"]["input_tokens"] <= 20
+
+
 def test_http_fields_limits_and_errors(model_path: Path, start_app) -> None:
     server = start_app(model_path, {"SEMIF_MAX_DELIBERATION_TOKENS": "6"})
     body = decision(return_reasoning=True).model_dump(exclude_defaults=True)

@@ -152,6 +152,11 @@ class DeliberateScoring:
             [None] * len(finals), plan.evaluated,
         )  # fmt: skip
         scored, timing = self._evaluate_group(letters)
+        # The tokens it evaluated, not the most it could have (what the plan checked against
+        # the budget): each prompt whole and what it generated, then the read.
+        read_tokens = len(prefix) + sum(len(f) - len(prefix) for f in finals)
+        generated = sum(len(f) + d.tokens for f, (d, _) in zip(plan.fulls, made))
+        timing["evaluated_tokens"] = generated + read_tokens
         for _, stats in made:
             timing["prefill_seconds"] += stats["prefill_seconds"]
             timing["suffix_seconds"] += stats["suffix_seconds"]

@@ -259,6 +259,9 @@ class DecisionEngine(
                 for i, row in zip(members, group_scored):
                     scored[i] = row
                 timings.append(group_timing)
+            # A group that knows what it evaluated says so (deliberate: what it generated, not
+            # its whole budget); the others evaluate what they planned.
+            evaluated = sum(t.pop("evaluated_tokens", p.evaluated) for t, p in zip(timings, plans))
             timing = merge_timings(timings)
         for i, q in enumerate(questions):
             if scored[i] is None:
