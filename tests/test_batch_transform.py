@@ -18,7 +18,7 @@ import pytest
 
 from semif_proxy.engine import prefix_split
 from semif_proxy.errors import EngineFailure, InvalidRequest, PayloadTooLarge
-from semif_proxy.http import jsonlines
+from semif_proxy.http import jsonlines, line_prompts
 from semif_proxy.http.routes import batch_transform
 from semif_proxy.settings import load_settings
 from semif_proxy.testing.server import ProxyProcess, wait_for
@@ -434,22 +434,24 @@ def test_a_line_asking_too_many_prompts_is_refused_on_its_line(batch_server: Pro
 
 def test_prompts_are_counted_from_the_raw_line(model_path: Path) -> None:
     settings = load_settings({}, model=str(model_path), chat=False, permutations=2)
-    assert jsonlines.prompt_limit(settings) == 64 * 2
+    assert line_prompts.prompt_limit(settings) == 64 * 2
     one = {"id": "d", "permutations": 5}
-    assert jsonlines.count_prompts({"decision": one}, "decisions", 2) == 5
-    assert jsonlines.count_prompts({"decisions": [one, {}, "x"]}, "decisions", 2) == 5 + 2 + 2
+    assert line_prompts.count_prompts({"decision": one}, "decisions", 2) == 5
+    assert line_prompts.count_prompts({"decisions": [one, {}, "x"]}, "decisions", 2) == 5 + 2 + 2
     body = {"questions": {"a": {}, "b": {}, "c": {}}}
-    assert jsonlines.count_prompts(body, "systemone", 2) == 6
+    assert line_prompts.count_prompts(body, "systemone", 2) == 6
     # A bad count is the schema's to name: it counts as the default.
     for bad in (True, "3", 0, -1, None):
-        assert jsonlines.count_prompts({**body, "permutations": bad}, "systemone", 2) == 6
-    assert jsonlines.count_prompts({**body, "permutations": 26}, "systemone", 2) == 78
-    assert jsonlines.count_prompts({"questions": [1, 2]}, "systemone", 2) == 0
-    jsonlines.check_prompts({**body, "permutations": 26}, "systemone", settings)  # 78 <= 128
+        assert line_prompts.count_prompts({**body, "permutations": bad}, "systemone", 2) == 6
+    assert line_prompts.count_prompts({**body, "permutations": 26}, "systemone", 2) == 78
+    assert line_prompts.count_prompts({"questions": [1, 2]}, "systemone", 2) == 0
+    line_prompts.check_prompts({**body, "permutations": 26}, "systemone", settings)  # 78 <= 128
     # Over the request's own question count: left to that limit, which names `questions`.
-    jsonlines.check_prompts({"questions": {str(i): {} for i in range(65)}}, "systemone", settings)
+    line_prompts.check_prompts(
+        {"questions": {str(i): {} for i in range(65)}}, "systemone", settings
+    )
     with pytest.raises(PayloadTooLarge, match="asks 130 prompts"):
-        jsonlines.check_prompts(
+        line_prompts.check_prompts(
             {"questions": {str(i): {} for i in range(5)}, "permutations": 26}, "systemone", settings
         )
 
@@ -503,6 +505,12 @@ def test_an_engine_that_refuses_decisions_fails_the_call(
             error = (await reply.json())["error"]
             assert error["type"] == "unavailable"
             assert error["message"] == ping["engine"]["reason"]
+            # Not a 200 of error lines either where no line would reach the engine.
+            reply = await client.post(
+                "/invocations", data="\n{}", headers={"Content-Type": "application/jsonlines"}
+            )
+            assert reply.status == 503
+            assert (await reply.json())["error"]["message"] == ping["engine"]["reason"]
 
     asyncio.run(scenario())
 

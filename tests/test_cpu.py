@@ -193,13 +193,13 @@ def test_a_disabled_gate_lets_everything_through_at_once() -> None:
 
 class Upstream:
     def __init__(self) -> None:
-        self.healthy = self.answering = True
+        self.healthy = True
 
 
 def test_a_stalled_llama_servers_chats_hold_no_decision_back() -> None:
-    """Chats hold their turn until their last chunk; once their llama-server misses a probe
-    (stopped, wedged) the first waiting decision goes beside them, one decision at a time, and
-    the turns the chats hold stay counted."""
+    """Chats hold their turn until their last chunk; once their llama-server is counted
+    unhealthy (missed probes: stopped, wedged) the first waiting decision goes beside them,
+    one decision at a time, and the turns the chats hold stay counted."""
     gate, server = CpuGate(), Upstream()
     gate.attach(server=server)
 
@@ -221,7 +221,7 @@ def test_a_stalled_llama_servers_chats_hold_no_decision_back() -> None:
         await settle(lambda: gate.waiting == 2, "d2 waits behind d1")
         await asyncio.sleep(0.6)  # a few polls while the server answers: nobody passes
         assert got == [] and gate.stalled_passes == 0
-        server.answering = False  # its last probe failed
+        server.healthy = False  # probes failed in a row
         await asyncio.wait_for(_until(lambda: got == ["d1"]), 5)
         await asyncio.sleep(0.6)
         assert got == ["d1"] and gate.exclusive_held and gate.shared_holders == 1  # one at a time

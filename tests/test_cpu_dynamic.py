@@ -383,7 +383,6 @@ class Server:
     def __init__(self, name: str) -> None:
         self.name = name
         self.healthy = True
-        self.answering = True
 
 
 def dynamic() -> tuple[CpuDynamicSplit, Engine, Server, Server]:

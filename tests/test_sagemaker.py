@@ -223,7 +223,8 @@ def test_a_chat_on_a_stalled_llama_server_holds_no_decision_back(watched: ProxyP
     """A chat streams when its llama-server stops (SIGSTOP). The chat holds its CPU turn until
     its last chunk, which does not come; a decision sent then waited for it until the chat's
     deadline (a 504 after 55 s here, where no restart comes) or the supervisor's restart (17 s
-    with the defaults). Now it is answered once llama-server misses a probe."""
+    with the defaults). Now it is answered once llama-server is counted unhealthy (two missed
+    probes in a row: 0.2 s apart here, 2 s by default)."""
     pid = watched.call("GET", "/health").json()["llama_server"]["pid"]
     conn = http.client.HTTPConnection("127.0.0.1", watched.port, timeout=60)
     chat = {

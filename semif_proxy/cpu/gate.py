@@ -12,8 +12,8 @@ first answer comes about twice as early and the second no later.
 A chat holds its turn until its last chunk, so a llama-server that stops answering (stopped,
 wedged, being killed by its supervisor) would hold every decision behind its chats until the
 supervisor's restart or the chats' deadline: a decision that waits for chats looks every
-POLL_S whether their llama-server missed its last probe, and then goes beside them (a stalled
-child computes nothing).
+POLL_S whether their llama-server is counted unhealthy (missed probes in a row: one miss of a
+busy server is no stall), and then goes beside them (a stalled child computes nothing).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from typing import Any
 
 from semif_proxy.errors import Timeout
 
-# How often a decision that waits for chats looks whether their llama-server stopped answering.
+# How often a decision that waits for chats looks whether their llama-server was counted stalled.
 POLL_S = 0.25
 
 
@@ -51,7 +51,7 @@ class CpuGate:
         self.shared_holders = 0
         self.exclusive_held = False
         self.waits = 0  # acquisitions that had to queue
-        self.stalled_passes = 0  # decisions let past the chats of a llama-server not answering
+        self.stalled_passes = 0  # decisions let past the chats of a stalled llama-server
         self._queue: deque[tuple[bool, asyncio.Future[None]]] = deque()
         self._server: Any = None  # the llama-server its chats run on (an Upstream)
 
@@ -61,7 +61,7 @@ class CpuGate:
 
     def attach(self, engine: Any = None, server: Any = None, split: Any = None) -> None:
         """Nothing to steer: the gate only orders turns; it watches the llama-server its chats
-        run on (`answering`) so that a stalled one holds no decision back."""
+        run on (`healthy`) so that a stalled one holds no decision back."""
         if server is not None:
             self._server = server
 
@@ -74,7 +74,7 @@ class CpuGate:
             self.shared_holders > 0
             and not self.exclusive_held
             and server is not None
-            and not server.answering
+            and not server.healthy
         )
 
     async def _granted(self, fut: asyncio.Future[None], timeout: float | None) -> None:
@@ -82,7 +82,7 @@ class CpuGate:
         it is the first decision in the queue, it takes the turn beside them."""
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else loop.time() + timeout
-        while True:
+        while not fut.done():  # granted in the moment its last wait ended: taken
             left = None if deadline is None else deadline - loop.time()
             if left is not None and left <= 0:
                 raise asyncio.TimeoutError

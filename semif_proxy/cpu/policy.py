@@ -31,10 +31,8 @@ class Upstream(Protocol):
     """A llama-server as a policy routes chat to it."""
 
     @property
-    def healthy(self) -> bool: ...
-    @property
-    def answering(self) -> bool:
-        """Healthy and its last probe passed (a stalled one holds no decision back: gate.py)."""
+    def healthy(self) -> bool:
+        """Started and not counted stalled (gate.py: a stalled one holds no decision back)."""
         ...
 
 

@@ -39,6 +39,7 @@ from semif_proxy.errors import (
     internal_error,
 )
 from semif_proxy.http.bodies import parse_json
+from semif_proxy.http.line_prompts import check_prompts
 from semif_proxy.settings import JSON_LINES_PER_JOB, Settings
 
 if TYPE_CHECKING:
@@ -52,7 +53,8 @@ T = TypeVar("T")
 class EngineAccess(Protocol):
     """What a call needs of the engine: the route's admitted way onto it (http/engine_job.py)."""
 
-    engine: DecisionEngine
+    @property
+    def engine(self) -> DecisionEngine: ...
 
     async def run(self, fn: Callable[[], T]) -> T: ...  # on the engine thread
 
@@ -110,55 +112,6 @@ def _state_key(state: Any) -> str:
     return json.dumps(state, ensure_ascii=False)
 
 
-def prompt_limit(settings: Settings) -> int:
-    """The most prompts (questions x option orders) one line may ask: SEMIF_MAX_QUESTIONS at
-    the server's own SEMIF_PERMUTATIONS, so any line that keeps the default orders fits."""
-    return settings.max_questions * settings.permutations
-
-
-def _orders(value: Any, default: int) -> int:
-    # The count a line asks for; a bad value is the schema's to name, so it counts as default.
-    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-        return value
-    return default
-
-
-def count_prompts(body: dict[str, Any], shape: str, default: int) -> int:
-    """How many prompts a line would ask, from its raw keys (no validation, nothing built):
-    each question or decision once per option order it asks for (an upper bound: a question
-    with fewer options than orders is asked fewer times)."""
-    if shape == "systemone":
-        questions = body.get("questions")
-        count = len(questions) if isinstance(questions, dict) else 0
-        return count * _orders(body.get("permutations"), default)
-    asked = body.get("decisions") if "decisions" in body else [body.get("decision")]
-    if not isinstance(asked, list):
-        return 0
-    return sum(
-        _orders(d.get("permutations") if isinstance(d, dict) else None, default) for d in asked
-    )
-
-
-def check_prompts(body: dict[str, Any], shape: str, settings: Settings) -> None:
-    """Refuse a line that would ask too many prompts before its questions are built: a body
-    limit's worth of lines each asking 64 questions in 26 orders would otherwise hold a
-    quarter of a GB of questions for one call."""
-    asked = body.get("questions") if shape == "systemone" else body.get("decisions")
-    most = settings.max_questions if shape == "systemone" else settings.max_decisions
-    if isinstance(asked, (dict, list)) and len(asked) > most:
-        return  # the request's own count limit refuses it, naming its field, as it would alone
-    count, limit = count_prompts(body, shape, settings.permutations), prompt_limit(settings)
-    if count > limit:
-        raise PayloadTooLarge(
-            f"the line asks {count} prompts (questions x permutations), over the limit of "
-            f"{limit} for a JSON Lines line (SEMIF_MAX_QUESTIONS x SEMIF_PERMUTATIONS); send "
-            "it as its own application/json request",
-            field="body",
-            prompts=count,
-            limit=limit,
-        )
-
-
 def _plan(raw: bytes, settings: Settings, sha256: str) -> tuple[str, Work]:
     if not raw.strip():
         raise InvalidRequest(
@@ -198,6 +151,14 @@ def plan_lines(texts: Sequence[bytes], settings: Settings, sha256: str) -> list[
     return [plan_line(text, number, settings, sha256) for number, text in enumerate(texts, 1)]
 
 
+def plan_for(engine: DecisionEngine, texts: Sequence[bytes], settings: Settings) -> list[Line]:
+    """plan_lines for this engine; none where it cannot decide for this model: the call gets
+    the 503 a single request gets, naming why, before any line is planned."""
+    if engine.unavailable_reason:
+        raise Unavailable(engine.unavailable_reason)
+    return plan_lines(texts, settings, engine.sha256)
+
+
 def groups(lines: Sequence[Line]) -> list[list[Line]]:
     """The valid lines by state, in the order each state first appears; within a state, in
     line order. Only the order of work changes: every line is answered on its own line."""
@@ -210,8 +171,8 @@ def groups(lines: Sequence[Line]) -> list[list[Line]]:
 
 class Progress:
     """Answers as the engine thread produces them, until the call stops waiting (its deadline
-    passed, or it failed): an answer that comes after that is dropped, so what the route counts
-    and renders never changes under it."""
+    passed, or it failed): an answer that comes after that is dropped, so what answer_body
+    counts and renders never changes under it."""
 
     def __init__(self, request_id: str) -> None:
         self.request_id = request_id
@@ -308,7 +269,7 @@ async def answer_body(
     if not texts:
         raise InvalidRequest("the JSON Lines body has no lines", field="body")
     check_line_count(len(texts), settings.max_batch_lines)
-    lines = await call.off_loop(functools.partial(plan_lines, texts, settings, call.engine.sha256))
+    lines = await call.off_loop(functools.partial(plan_for, call.engine, texts, settings))
     by_state = groups(lines)
     progress = Progress(request_id)
     try:
