@@ -51,7 +51,9 @@ class DeliberateScoring:
 
         def tokenize_prompt(self, text: str) -> list[int]: ...
         def split(self, state_tokens: list[int], fulls: Sequence[list[int]]) -> Any: ...
-        def _evaluate_group(self, plan: GroupPlan) -> tuple[list[Scored], dict[str, Any]]: ...
+        def _evaluate_letters_group(
+            self, plan: GroupPlan
+        ) -> tuple[list[Scored], dict[str, Any]]: ...
 
     def _render_deliberate(self, q: Question) -> RenderedPrompt:
         return render_decision(
@@ -151,7 +153,7 @@ class DeliberateScoring:
             plan.questions, read, finals, plan.state_tokens, prefix, boundary,
             [None] * len(finals), plan.evaluated,
         )  # fmt: skip
-        scored, timing = self._evaluate_group(letters)
+        scored, timing = self._evaluate_letters_group(letters)
         # The tokens it evaluated, not the most it could have (what the plan checked against
         # the budget): each prompt whole and what it generated, then the read.
         read_tokens = len(prefix) + sum(len(f) - len(prefix) for f in finals)

@@ -69,8 +69,6 @@ class ReadoutScoring:
 
         def _render_deliberate(self, q: Question) -> RenderedPrompt: ...
         def _check_deliberate(self, q: Question) -> None: ...
-        def _plan_deliberate_group(self, *args: Any) -> GroupPlan: ...
-        def _evaluate_deliberate_group(self, plan: GroupPlan) -> Any: ...
 
     def _tokenize_text(self, text: str) -> list[int]:
         return list(self.core.tokenize(text, add_special=False, parse_special=False))
@@ -153,8 +151,6 @@ class ReadoutScoring:
         after: the shared state, or its own prompt's aligned head where that costs fewer
         tokens (a context is the prompt's tokens after the prefix plus the option's first k:
         after the state each context repeats the criterion and the option list)."""
-        if questions[0].readout == DELIBERATE:  # one readout per prompt head (worker.py)
-            return self._plan_deliberate_group(questions, rendered, fulls, head)
         state_tokens = self.tokenize_prompt(head)
         prefix, boundary = self.split(state_tokens, fulls)
         reads: list[Read] = []
@@ -187,8 +183,6 @@ class ReadoutScoring:
         )  # fmt: skip
 
     def _evaluate_readout_group(self, plan: GroupPlan) -> tuple[list[Scored], dict[str, Any]]:
-        if plan.questions[0].readout == DELIBERATE:
-            return self._evaluate_deliberate_group(plan)
         assert plan.reads is not None
         # Every context, by the prefix it goes after: -1 the shared state's (with no proven
         # split: each context whole, in one piece), i question i's own prompt head.

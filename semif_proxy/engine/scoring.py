@@ -16,6 +16,7 @@ from semif_proxy.engine import prefix_split
 from semif_proxy.engine.label_tree import LabelTree
 from semif_proxy.engine.prompt import NUMBER_LABELS, RenderedPrompt
 from semif_proxy.engine.questions import (
+    DELIBERATE,
     LETTER_READOUT,
     LETTERS,
     SEQUENCE_READOUT,
@@ -50,6 +51,8 @@ class GroupScoring:
 
         def _plan_readout_group(self, *args: Any) -> GroupPlan: ...
         def _evaluate_readout_group(self, plan: GroupPlan) -> Any: ...
+        def _plan_deliberate_group(self, *args: Any) -> GroupPlan: ...  # DeliberateScoring's
+        def _evaluate_deliberate_group(self, plan: GroupPlan) -> Any: ...
 
     def split(self, state_tokens: list[int], fulls: Sequence[list[int]]) -> tuple[list[int], int]:
         return prefix_split.split(state_tokens, fulls, self.core.cell_align)
@@ -108,10 +111,24 @@ class GroupScoring:
         fulls: list[list[int]],
         head: str,
     ) -> GroupPlan:
-        """Questions whose prompts share one head: the split after the state (empty when it is
-        not proven: each prompt then goes whole) and the tokens the group evaluates."""
-        if questions[0].readout != LETTERS:  # one readout per prompt head (worker.py)
+        """Questions whose prompts share one head, planned by their readout's planner (one
+        readout per prompt head: worker.py); _evaluate_group evaluates the plan the same way."""
+        readout = questions[0].readout
+        if readout == DELIBERATE:
+            return self._plan_deliberate_group(questions, rendered, fulls, head)
+        if readout != LETTERS:  # continuation, direct (readouts.py)
             return self._plan_readout_group(questions, rendered, fulls, head)
+        return self._plan_letters_group(questions, rendered, fulls, head)
+
+    def _plan_letters_group(
+        self,
+        questions: list[Question],
+        rendered: list[RenderedPrompt],
+        fulls: list[list[int]],
+        head: str,
+    ) -> GroupPlan:
+        """Letters (label trees past 26 options): the split after the state (empty when it
+        is not proven: each prompt then goes whole), the trees and the tokens it evaluates."""
         state_tokens = self.tokenize_prompt(head)
         prefix, boundary = self.split(state_tokens, fulls)
         trees = [
@@ -130,8 +147,14 @@ class GroupScoring:
         )
 
     def _evaluate_group(self, plan: GroupPlan) -> tuple[list[Scored], dict[str, Any]]:
+        """A plan of _plan_group, by the planner that made it."""
+        if plan.questions[0].readout == DELIBERATE:
+            return self._evaluate_deliberate_group(plan)
         if plan.reads is not None:
             return self._evaluate_readout_group(plan)
+        return self._evaluate_letters_group(plan)
+
+    def _evaluate_letters_group(self, plan: GroupPlan) -> tuple[list[Scored], dict[str, Any]]:
         questions, rendered, fulls = plan.questions, plan.rendered, plan.fulls
         prefix, boundary, trees, state_tokens = (
             plan.prefix,
