@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -18,10 +19,34 @@ from pathlib import Path
 from typing import Any
 
 
-def free_port() -> int:
+def _ephemeral_floor() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768  # Linux's default
+
+
+def _binds(port: int) -> bool:
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port() -> int:
+    """A free loopback port below the kernel's ephemeral range. A port bind(0) hands out lies
+    in that range, where any outgoing connection may take it before the server binds it: the
+    proxy opens one per upstream call, and its second llama-server binds seconds after the
+    engine loads (a test failed so: "couldn't bind HTTP server socket")."""
+    floor = _ephemeral_floor()
+    low = min(10_000, floor // 2)
+    for _ in range(1000):
+        port = random.randrange(low, floor)
+        if _binds(port):
+            return port
+    raise RuntimeError(f"no free port on 127.0.0.1 between {low} and {floor}")
 
 
 def free_port_pair(avoid: int = 0) -> int:
@@ -29,13 +54,8 @@ def free_port_pair(avoid: int = 0) -> int:
     llama-server takes it)."""
     for _ in range(100):
         port = free_port()
-        if port >= 65535 or avoid in (port, port + 1):
+        if avoid in (port, port + 1) or port + 1 >= _ephemeral_floor() or not _binds(port + 1):
             continue
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port + 1))
-            except OSError:
-                continue
         return port
     raise RuntimeError("no two free ports in a row on 127.0.0.1")
 
