@@ -1,6 +1,5 @@
 """The routing example: a support ticket and three queues. The README shows it, the benchmarks
-measure it (bench `order`), the tests check engine parity on it, and the decision engine scores
-it at start-up for its exactness self-check."""
+measure it (bench `order`) and the tests check engine parity on it."""
 
 from __future__ import annotations
 
