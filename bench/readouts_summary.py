@@ -66,16 +66,20 @@ def cell(rows: list[dict[str, Any]], letters: dict[tuple[str, str], dict[str, An
         diff = paired_bootstrap(
             [float(r["correct"]) for r, _ in pairs], [float(b["correct"]) for _, b in pairs]
         )
-        base = percentile([b["seconds"] for _, b in pairs], 50)
-        mine = percentile([r["seconds"] for r, _ in pairs], 50)
-        timed = [(r, b) for r, b in pairs if "cpu_seconds" in r and "cpu_seconds" in b]
+        # Costs from cold rows only (bench/readouts.py cold_start): before, a config asked after
+        # another could find the state's prefix still held and look cheaper than it is.
+        cold = [(r, b) for r, b in pairs if r.get("cold") and b.get("cold")]
+        base = percentile([b["seconds"] for _, b in cold], 50)
+        mine = percentile([r["seconds"] for r, _ in cold], 50)
+        timed = [(r, b) for r, b in cold if "cpu_seconds" in r and "cpu_seconds" in b]
         cpu_base = percentile([b["cpu_seconds"] for _, b in timed], 50)
         cpu_mine = percentile([r["cpu_seconds"] for r, _ in timed], 50)
         out["vs_letters"] = {
             "pairs": len(pairs),
             "difference": diff[0] if diff else None,
             "bootstrap95": [diff[1], diff[2]] if diff else None,
-            "cost_ratio": mine / base if pairs and base else None,
+            "cost_ratio": mine / base if cold and base else None,
+            "cost_pairs": len(cold),
             "cpu_cost_ratio": cpu_mine / cpu_base if timed and cpu_base else None,
             "cpu_pairs": len(timed),
         }

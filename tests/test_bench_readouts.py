@@ -202,3 +202,19 @@ def test_rows_of_a_readout_added_since_stay_and_a_changed_prompt_does_not() -> N
     assert not compatible(changed, wanted)
     assert not compatible({**older, "model_sha256": "b" * 64}, wanted)
     assert not compatible({**older, "format": 2}, wanted)
+
+
+def test_every_task_is_timed_from_a_cold_state(decision_engine) -> None:
+    """A config asked after another on the same task finds nothing of its state held (no
+    prefix kept, no prefix cache entry): its time is its own, state prefill included. Before,
+    a later config could restore the earlier one's prefix and look several times cheaper."""
+    from semif_proxy.eval.jevbench import Task
+
+    task = Task("easy", TASKS[0])
+    first = readouts.answer_row(decision_engine, task, "letters", "1")
+    again = readouts.answer_row(decision_engine, task, "letters+contextual", "1")
+    for row in (first, again):
+        assert "error" not in row, row
+        assert row["cold"] is True and row["engine_timing"]["prefix_reused_tokens"] == 0
+    assert again["engine_timing"]["prefill_seconds"] > 0
+    assert len(decision_engine.cache) <= 2  # only the last task's: its state, the content-free one

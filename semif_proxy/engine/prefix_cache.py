@@ -66,6 +66,11 @@ class PrefixCache:
     def _size(state: bytes, logits: np.ndarray) -> int:
         return len(state) + int(logits.nbytes)
 
+    def clear(self) -> None:
+        """Drop every held prefix (the statistics stay): a benchmark's cold start."""
+        self._items.clear()
+        self._bytes = 0
+
     def put(self, tokens: Sequence[int], state: bytes, logits: np.ndarray) -> None:
         size = self._size(state, logits)
         if size > self.max_bytes:
