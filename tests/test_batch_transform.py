@@ -460,21 +460,29 @@ def test_an_engine_failure_is_the_calls_not_the_lines() -> None:
     """A line that is bad input gets its error on its line; an engine failure stops the job and
     reaches the route, which fails the whole call (503) for SageMaker to retry."""
 
-    def bad_input(engine: object) -> Any:
+    class Service:  # a line's service (api/services.py), evaluating as `step` does
+        name = "decisions"
+
+        def __init__(self, step: Any) -> None:
+            self.evaluate = lambda engine, planned: step()
+
+    def bad_input() -> Any:
         raise InvalidRequest("bad", field="body")
 
-    def fails(engine: object) -> Any:
+    def fails() -> Any:
         raise EngineFailure("the decision engine failed: out of memory", code=-3)
 
-    def answers(engine: object) -> Any:
-        return {"ok": True}, 7
+    def answers() -> Any:
+        return object()
 
-    lines = [jsonlines.Line(n, "s", work) for n, work in enumerate([bad_input, fails, answers], 1)]
+    steps = [bad_input, fails, answers]
+    lines = [jsonlines.Line(n, "s", Service(step)) for n, step in enumerate(steps, 1)]  # type: ignore[arg-type]
     progress = jsonlines.Progress("r")
     with pytest.raises(EngineFailure):
         jsonlines.run_lines(None, lines, progress)  # type: ignore[arg-type]
     assert lines[0].error is not None and lines[0].error.status == 400
     assert not lines[1].done and not lines[2].done  # the job stopped at the failure
+    assert lines[1].evaluated is None and lines[2].evaluated is None
     assert jsonlines.unfinished(lines) == 2
 
 

@@ -199,7 +199,7 @@ def test_letters_stay_the_default(decision_engine: DecisionEngine) -> None:
         ({"readout": "direct"}, "decision.readout", "yes/no and score"),
         ({"normalization": "sum"}, "decision.normalization", "continuation only"),
         ({"readout": "continuation", "normalization": "max"}, "decision.normalization", "'pmi'"),
-        ({"bias_correction": "batch"}, "decision.bias_correction", "'contextual'"),
+        ({"bias_correction": "platt"}, "decision.bias_correction", "'batch'"),
     ],
 )
 def test_bad_readout_fields_name_the_field(fields: dict, field: str, words: str) -> None:

@@ -8,7 +8,7 @@ No HTTP here: the route parses the body, runs `answer` on the engine thread and 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -34,9 +34,11 @@ from semif_proxy.api.schemas import (
     check_shared,
     parse,
 )
+from semif_proxy.engine import batch_bias
 from semif_proxy.engine.prompt import prompt_sha256
-from semif_proxy.engine.questions import Question, Scored
+from semif_proxy.engine.questions import Evaluation, Question, Scored
 from semif_proxy.engine.worker import DecisionEngine
+from semif_proxy.errors import InvalidRequest
 
 
 @dataclass(frozen=True)
@@ -191,6 +193,12 @@ def result_body(
         body.update(rotation_fields(orders, runs))
     if first.content_free_logits is not None:
         body["content_free_logits"] = [float(v) for v in first.content_free_logits]
+    if first.batch_mean_probabilities is not None:
+        # The request's own order's batch (each rotation is calibrated with its own).
+        body["batch"] = {
+            "size": first.batch_size,
+            "mean_probabilities": [float(v) for v in first.batch_mean_probabilities],
+        }
     if first.first_token_logits is not None:
         body["first_token_logits"] = [float(v) for v in first.first_token_logits]
     if decision.return_prompt:
@@ -198,13 +206,24 @@ def result_body(
     return body
 
 
-def decide(
+def evaluate(
     engine: DecisionEngine, decisions: Sequence[Decision], paths: Sequence[str]
-) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """Result bodies in request order, and the request's timing. Runs on the engine thread."""
+) -> tuple[list[Rotated], Evaluation]:
+    """Each decision's questions (in the option orders it asks for) and their rows as the
+    engine scored them, before any batch correction. Runs on the engine thread."""
     asked = rotated_questions(engine, decisions, paths)
-    evaluation = engine.evaluate_checked(rotations.flatten(asked))
-    runs = rotations.regroup(asked, evaluation.scored)
+    return asked, engine.evaluate_checked(rotations.flatten(asked))
+
+
+def render(
+    engine: DecisionEngine,
+    decisions: Sequence[Decision],
+    asked: Sequence[Rotated],
+    evaluation: Evaluation,
+) -> list[dict[str, Any]]:
+    """Result bodies in request order from the rows as answered (batch-corrected where asked),
+    each logged to SEMIF_ROWS_LOG."""
+    runs = rotations.regroup(list(asked), evaluation.scored)
     rows_log.record(
         engine.settings.rows_log,
         (
@@ -221,18 +240,47 @@ def decide(
             if len(d.options) > 1  # one option: no model call, nothing to learn from
         ),
     )
-    bodies = [
+    return [
         result_body(engine.model_info, d, r.orders, scored, evaluation.timing)
         for d, r, scored in zip(decisions, asked, runs)
     ]
-    return bodies, evaluation.timing
+
+
+def decide(
+    engine: DecisionEngine, decisions: Sequence[Decision], paths: Sequence[str]
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Result bodies in request order, and the request's timing; a batch correction over this
+    request's decisions. Runs on the engine thread."""
+    asked = rotated_questions(engine, decisions, paths)
+    flat = rotations.flatten(asked)
+    lone = batch_bias.alone(flat)
+    if lone:  # before any work: its batch would be itself
+        raise InvalidRequest(
+            batch_bias.why_alone(
+                lone[0], "decisions of this request", "; send those to calibrate in one request"
+            ),
+            field=f"{lone[0].path}.bias_correction",
+        )
+    evaluation = engine.evaluate_checked(flat)
+    evaluation = replace(evaluation, scored=batch_bias.corrected(evaluation.scored))
+    return render(engine, decisions, asked, evaluation), evaluation.timing
+
+
+def tokens_of(results: Sequence[dict[str, Any]]) -> int:
+    return sum(r["input_tokens"] for r in results)
+
+
+def answer_body(
+    request: DecisionRequest, results: list[dict[str, Any]], timing: dict[str, Any]
+) -> dict[str, Any]:
+    """The response body of the request's shape."""
+    if request.single:
+        return {"result": results[0]}
+    return {"results": results, "timing": timing}
 
 
 def answer(engine: DecisionEngine, request: DecisionRequest) -> tuple[dict[str, Any], int]:
     """The response body of either shape, and the prompt tokens it counted (for the access
     log). Runs on the engine thread."""
     results, timing = decide(engine, request.decisions, request.paths)
-    tokens = sum(r["input_tokens"] for r in results)
-    if request.single:
-        return {"result": results[0]}, tokens
-    return {"results": results, "timing": timing}, tokens
+    return answer_body(request, results, timing), tokens_of(results)

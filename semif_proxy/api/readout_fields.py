@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 
 Readout = Literal["letters", "continuation", "direct", "deliberate"]
 Normalization = Literal["sum", "mean", "pmi"]
-BiasCorrection = Literal["none", "contextual"]
+BiasCorrection = Literal["none", "contextual", "batch"]
 
 DIRECT_NEEDS = (
     "direct reads yes/no and score questions only: two options with the ids yes and no (or "

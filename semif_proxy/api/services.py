@@ -6,6 +6,9 @@ finds its service here by the body's shape (`find`), and every service has the s
   engine thread; a 4xx `ApiError` for bad input);
 - `answer(engine, planned)` runs it on the engine thread and returns an `Answered` (the
   response body and the prompt tokens it counted);
+- `evaluate(engine, planned)` and `render(engine, planned, evaluation)` are `answer` in two
+  steps, for callers that batch-correct over several requests between them (a JSON Lines
+  body's lines): `answer` corrects over the request's own questions only;
 - `state(planned)` is the state the request asks about (JSON Lines groups lines by it).
 
 Chat is no service here: the HTTP layer forwards it to llama-server.
@@ -14,13 +17,18 @@ Chat is no service here: the HTTP layer forwards it to llama-server.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Protocol
 
-from semif_proxy.api import decisions, systemone
-from semif_proxy.errors import InvalidRequest
+from semif_proxy.api import decisions, systemone, systemone_schemas
+from semif_proxy.engine import batch_bias
+from semif_proxy.errors import ApiError, InvalidRequest
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from semif_proxy.api.rotations import Rotated
+    from semif_proxy.engine.questions import Evaluation, Question, Scored
     from semif_proxy.engine.worker import DecisionEngine
     from semif_proxy.settings import Settings
 
@@ -34,12 +42,32 @@ class Answered:
     input_tokens: int
 
 
+@dataclass(frozen=True)
+class Evaluated:
+    """A request's engine rows before rendering: its questions in the orders asked, and the
+    engine's evaluation (whose rows a batch correction may replace, `with_rows`)."""
+
+    asked: list[Rotated]
+    evaluation: Evaluation
+
+    @property
+    def rows(self) -> list[Scored]:
+        return self.evaluation.scored
+
+    def with_rows(self, rows: list[Scored]) -> Evaluated:
+        return replace(self, evaluation=replace(self.evaluation, scored=rows))
+
+
 class Service(Protocol):
     name: str
 
     def plan(self, body: dict[str, Any], settings: Settings, sha256: str) -> Any: ...
 
     def answer(self, engine: DecisionEngine, planned: Any) -> Answered: ...
+
+    def evaluate(self, engine: DecisionEngine, planned: Any) -> Evaluated: ...
+
+    def render(self, engine: DecisionEngine, planned: Any, evaluated: Evaluated) -> Answered: ...
 
     def state(self, planned: Any) -> Any: ...
 
@@ -69,6 +97,16 @@ class Decisions:
         body, tokens = decisions.answer(engine, planned)
         return Answered(body, tokens)
 
+    def evaluate(self, engine: DecisionEngine, planned: decisions.DecisionRequest) -> Evaluated:
+        return Evaluated(*decisions.evaluate(engine, planned.decisions, planned.paths))
+
+    def render(
+        self, engine: DecisionEngine, planned: decisions.DecisionRequest, evaluated: Evaluated
+    ) -> Answered:
+        results = decisions.render(engine, planned.decisions, evaluated.asked, evaluated.evaluation)
+        body = decisions.answer_body(planned, results, evaluated.evaluation.timing)
+        return Answered(body, decisions.tokens_of(results))
+
     def state(self, planned: decisions.DecisionRequest) -> Any:
         return planned.decisions[0].state
 
@@ -86,11 +124,59 @@ class SystemOne:
         body = systemone.answer(engine, planned, strict=engine.settings.strict)
         return Answered(body, body["usage"]["input_tokens"])
 
+    def evaluate(self, engine: DecisionEngine, planned: systemone.Plan) -> Evaluated:
+        return Evaluated(planned.asked, systemone.evaluate(engine, planned))
+
+    def render(
+        self, engine: DecisionEngine, planned: systemone.Plan, evaluated: Evaluated
+    ) -> Answered:
+        strict = engine.settings.strict
+        body = systemone.render(engine, planned, evaluated.evaluation, strict)
+        return Answered(body, body["usage"]["input_tokens"])
+
     def state(self, planned: systemone.Plan) -> Any:
         return planned.request.state
 
 
 SERVICES: dict[str, Service] = {"decisions": Decisions(), "systemone": SystemOne()}
+
+
+def lone_error(service: Service, q: Question, batch: str) -> ApiError:
+    """What a request gets for a batch-corrected question with no other of its kind in the
+    batch: the error it would get alone (400; System One's 422 shape)."""
+    message = batch_bias.why_alone(q, batch)
+    field = f"{q.path}.bias_correction"
+    if service.name == "systemone":
+        return systemone_schemas.schema_error(systemone.field_loc(field), message)
+    return InvalidRequest(message, field=field)
+
+
+def render_together(
+    engine: DecisionEngine, parts: Sequence[tuple[Service, Any, Evaluated]], batch: str
+) -> list[Answered | ApiError]:
+    """Several evaluated requests rendered as one batch (a JSON Lines body's lines): the batch
+    correction of the questions that ask for it divides out the mean over all of them. A
+    request holding such a question that no other shares is refused (`lone_error`) and adds
+    nothing to the others' means. Runs on the engine thread."""
+    out: list[Answered | ApiError | None] = [None] * len(parts)
+    live = list(range(len(parts)))
+    while True:
+        lone = {id(q) for q in batch_bias.alone(r.question for i in live for r in parts[i][2].rows)}
+        if not lone:
+            break
+        for i in list(live):
+            q = next((r.question for r in parts[i][2].rows if id(r.question) in lone), None)
+            if q is not None:
+                out[i] = lone_error(parts[i][0], q, batch)
+                live.remove(i)
+    rows = batch_bias.corrected_across([parts[i][2].rows for i in live])
+    for i, corrected in zip(live, rows):
+        service, planned, evaluated = parts[i]
+        try:
+            out[i] = service.render(engine, planned, evaluated.with_rows(corrected))
+        except ApiError as exc:
+            out[i] = exc
+    return [o for o in out if o is not None]
 
 
 # SageMaker has one route, so an /invocations body's keys say which API it is for.

@@ -8,7 +8,7 @@ plans a body, runs `answer` on the engine thread and returns it.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -33,8 +33,9 @@ from semif_proxy.api.systemone_schemas import (
 )
 from semif_proxy.api.systemone_specs import Spec, build_spec
 from semif_proxy.calibration.abstention import ThresholdError, Thresholds
+from semif_proxy.engine import batch_bias
 from semif_proxy.engine.prompt import prompt_sha256
-from semif_proxy.engine.questions import Question, Scored
+from semif_proxy.engine.questions import Evaluation, Question, Scored
 from semif_proxy.engine.worker import DecisionEngine
 from semif_proxy.errors import InvalidRequest
 from semif_proxy.settings import Settings
@@ -88,7 +89,8 @@ class Plan:
     thresholds: Thresholds | None = None
 
 
-def _loc(field: str) -> list[str | int]:
+def field_loc(field: str) -> list[str | int]:
+    """A field path ("questions.q1.bias_correction") as a FastAPI error `loc`."""
     return [p for p in field.replace("[", ".").replace("]", "").split(".") if p]
 
 
@@ -193,13 +195,34 @@ def plan(body: Any, settings: Settings, sha256: str) -> Plan:
     )
 
 
-def answer(engine: DecisionEngine, planned: Plan, strict: bool) -> dict[str, Any]:
-    """Every question on the one prefix, combined over its rotations into its answer; the
-    `semif` diagnostics block unless strict. Runs on the engine thread."""
+def evaluate(engine: DecisionEngine, planned: Plan) -> Evaluation:
+    """Every question on the one prefix, in each of its option orders, as the engine scored it
+    (before any batch correction). Runs on the engine thread."""
     try:
-        evaluation = engine.evaluate_checked(rotations.flatten(planned.asked))
+        return engine.evaluate_checked(rotations.flatten(planned.asked))
     except InvalidRequest as exc:
-        raise schema_error(_loc(exc.field or "body"), exc.message) from None
+        raise schema_error(field_loc(exc.field or "body"), exc.message) from None
+
+
+def answer(engine: DecisionEngine, planned: Plan, strict: bool) -> dict[str, Any]:
+    """Every question answered, batch-corrected over this request's questions where asked;
+    the `semif` diagnostics block unless strict. Runs on the engine thread."""
+    lone = batch_bias.alone(rotations.flatten(planned.asked))
+    if lone:  # before any work: its batch would be itself
+        q = lone[0]
+        hint = "; POST /v1/systemone/batch asks the same questions of many states"
+        message = batch_bias.why_alone(q, "questions of this request", hint)
+        raise schema_error(field_loc(f"{q.path}.bias_correction"), message)
+    evaluation = evaluate(engine, planned)
+    evaluation = replace(evaluation, scored=batch_bias.corrected(evaluation.scored))
+    return render(engine, planned, evaluation, strict)
+
+
+def render(
+    engine: DecisionEngine, planned: Plan, evaluation: Evaluation, strict: bool
+) -> dict[str, Any]:
+    """The response from the rows as answered (batch-corrected where asked), combined over
+    each question's rotations into its answer, each logged to SEMIF_ROWS_LOG."""
     runs = rotations.regroup(planned.asked, evaluation.scored)
     rows_log.record(
         engine.settings.rows_log,
@@ -239,6 +262,18 @@ def answer(engine: DecisionEngine, planned: Plan, strict: bool) -> dict[str, Any
             **(
                 {"content_free_logits": [[float(v) for v in s.content_free_logits] for s in scored]}
                 if scored[0].content_free_logits is not None
+                else {}
+            ),
+            **(
+                {
+                    "batch": {
+                        "size": scored[0].batch_size,
+                        "mean_probabilities": [
+                            [float(v) for v in s.batch_mean_probabilities] for s in scored
+                        ],
+                    }
+                }
+                if scored[0].batch_mean_probabilities is not None
                 else {}
             ),
         }

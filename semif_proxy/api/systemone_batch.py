@@ -9,9 +9,20 @@ from typing import Any
 
 from semif_proxy.api import rotations
 from semif_proxy.api.schemas import check_count
-from semif_proxy.api.systemone import Plan, Spec, answer, ask, check_questions, checked, thresholds
-from semif_proxy.api.systemone_schemas import Content, SystemOneBatchRequest, validate
+from semif_proxy.api.systemone import (
+    Plan,
+    Spec,
+    ask,
+    check_questions,
+    checked,
+    evaluate,
+    render,
+    thresholds,
+)
+from semif_proxy.api.systemone_schemas import Content, SystemOneBatchRequest, schema_error, validate
 from semif_proxy.calibration.abstention import Thresholds
+from semif_proxy.engine import batch_bias
+from semif_proxy.engine.questions import Evaluation
 from semif_proxy.engine.worker import DecisionEngine
 from semif_proxy.errors import InvalidRequest, PayloadTooLarge, Unavailable
 from semif_proxy.settings import Settings
@@ -84,6 +95,10 @@ def check_batch(engine: DecisionEngine, batch: BatchPlan) -> None:
     if engine.unavailable_reason:
         raise Unavailable(engine.unavailable_reason)
     questions = rotations.flatten(batch.plan(0).asked)
+    if len(batch.states) < batch_bias.MIN_BATCH and batch_bias.alone(questions):
+        q = batch_bias.alone(questions)[0]
+        message = batch_bias.why_alone(q, "states of this batch", "; send more states")
+        raise schema_error(["questions", q.id, "bias_correction"], message)
     asked = engine.asked_tokens(questions)
     request_limit = engine.settings.request_token_limit
     first = questions[0]
@@ -103,15 +118,28 @@ def check_batch(engine: DecisionEngine, batch: BatchPlan) -> None:
             )
 
 
-def answer_state(engine: DecisionEngine, batch: BatchPlan, i: int, strict: bool) -> dict[str, Any]:
-    """One state of a batch, answered exactly as a single request with that state; a limit it
+def evaluate_state(engine: DecisionEngine, batch: BatchPlan, i: int) -> tuple[Plan, Evaluation]:
+    """One state of a batch, evaluated exactly as a single request with that state; a limit it
     breaks names the state. Runs on the engine thread."""
+    planned = batch.plan(i)
     try:
-        return answer(engine, batch.plan(i), strict)
+        return planned, evaluate(engine, planned)
     except PayloadTooLarge as exc:
         raise PayloadTooLarge(
             f"states[{i}]: {exc.message}", field=f"states[{i}]", **exc.extra
         ) from None
+
+
+def render_states(
+    engine: DecisionEngine, evaluated: list[tuple[Plan, Evaluation]], strict: bool
+) -> list[dict[str, Any]]:
+    """Each state's response, as a single request with that state is answered, after a batch
+    correction over the whole batch's states (for the questions that ask for it)."""
+    scored = batch_bias.corrected_across([e.scored for _, e in evaluated])
+    return [
+        render(engine, planned, replace(e, scored=rows), strict)
+        for (planned, e), rows in zip(evaluated, scored)
+    ]
 
 
 def combine_batch(responses: list[dict[str, Any]], strict: bool) -> dict[str, Any]:

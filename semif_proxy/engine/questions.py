@@ -35,7 +35,7 @@ DIRECT = "direct"
 DELIBERATE = "deliberate"
 READOUTS = (LETTERS, CONTINUATION, DIRECT, DELIBERATE)
 NORMALIZATIONS = ("sum", "mean", "pmi")
-BIAS_CORRECTIONS = ("none", "contextual")
+BIAS_CORRECTIONS = ("none", "contextual", "batch")
 
 
 @dataclass(frozen=True)
@@ -83,7 +83,8 @@ class Scored:
       state ("pmi");
     - direct: log P(the option's answer word), its single-token spellings summed.
     With contextual bias correction the probabilities are softmax(option_logits -
-    content_free_logits): the content-free answer distribution divided out."""
+    content_free_logits): the content-free answer distribution divided out; with batch
+    correction, the served probabilities divided by batch_mean_probabilities, renormalised."""
 
     question: Question
     option_logits: np.ndarray
@@ -97,6 +98,9 @@ class Scored:
     first_token_logits: np.ndarray | None = None
     # Contextual bias correction: the same readout's option_logits after a content-free state.
     content_free_logits: np.ndarray | None = None
+    # Batch correction (batch_bias.py): its batch's mean probabilities, and how many it held.
+    batch_mean_probabilities: np.ndarray | None = None
+    batch_size: int | None = None
     # Deliberate: what the model wrote before its letters were read.
     deliberation: Deliberation | None = None
 

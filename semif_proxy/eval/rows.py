@@ -94,12 +94,24 @@ def parse_row(line: int, row: Any, path: Path) -> Row:
             "neither a labelled decision ({decision, expected}) nor a System One question "
             "({state, question, expected}, the JevBench row)"
         )
+    _asked_alone(parsed.body)
     if parsed.expected not in parsed.labels:
         raise RowError(
             f"expected: {parsed.expected!r} is not one of the question's labels "
             f"{list(parsed.labels)}"
         )
     return parsed
+
+
+def _asked_alone(body: dict[str, Any]) -> None:
+    """eval asks each row in a request of its own (as a client would): a batch correction,
+    which calibrates over the requests answered together, would have no batch there."""
+    asked = [body.get("decision") or {}, *(body.get("questions") or {}).values()]
+    if any(isinstance(q, dict) and q.get("bias_correction") == "batch" for q in asked):
+        raise RowError(
+            "bias_correction: batch calibrates over the questions answered together, and eval "
+            "asks each row alone; send such rows as one JSON Lines body (docs/api.md)"
+        )
 
 
 def read_rows(path: Path, limit: int | None = None) -> tuple[list[Row], list[BadRow]]:

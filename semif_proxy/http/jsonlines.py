@@ -19,11 +19,12 @@ at most JSON_LINES_PER_JOB lines, and renders the answer lines.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import logging
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
@@ -43,7 +44,7 @@ from semif_proxy.http.line_prompts import check_prompts
 from semif_proxy.settings import JSON_LINES_PER_JOB, Settings
 
 if TYPE_CHECKING:
-    from semif_proxy.api.services import Answered
+    from semif_proxy.api.services import Evaluated, Service
     from semif_proxy.engine.worker import DecisionEngine
 
 log = logging.getLogger("semif_proxy.jsonlines")
@@ -88,15 +89,13 @@ def check_line_count(count: int, limit: int) -> None:
         )
 
 
-# One line's work on the engine thread: its service's answer (api/services.py).
-Work = Callable[["DecisionEngine"], "Answered"]
-
-
 @dataclass
 class Line:
     number: int  # 1-based, within this call's body
     state: str | None = None  # the state as its prompt renders it: lines group by it
-    work: Work | None = None  # None: the line failed validation (see error)
+    service: Service | None = None  # None: the line failed validation (see error)
+    planned: Any = None  # what its service planned
+    evaluated: Evaluated | None = None  # its engine rows, before the batch is rendered
     answer: dict[str, Any] | None = None
     error: ApiError | None = None
     tokens: int = 0
@@ -112,7 +111,7 @@ def _state_key(state: Any) -> str:
     return json.dumps(state, ensure_ascii=False)
 
 
-def _plan(raw: bytes, settings: Settings, sha256: str) -> tuple[str, Work]:
+def _plan(raw: bytes, settings: Settings, sha256: str) -> tuple[str, Service, Any]:
     if not raw.strip():
         raise InvalidRequest(
             "the line is blank; every line must hold one JSON request (a blank line is "
@@ -131,7 +130,7 @@ def _plan(raw: bytes, settings: Settings, sha256: str) -> tuple[str, Work]:
         )
     check_prompts(body, service.name, settings)
     planned = service.plan(body, settings, sha256)
-    return _state_key(service.state(planned)), functools.partial(service.answer, planned=planned)
+    return _state_key(service.state(planned)), service, planned
 
 
 def plan_line(raw: bytes, number: int, settings: Settings, sha256: str) -> Line:
@@ -139,7 +138,7 @@ def plan_line(raw: bytes, number: int, settings: Settings, sha256: str) -> Line:
     line's error instead of the call's."""
     line = Line(number)
     try:
-        line.state, line.work = _plan(raw, settings, sha256)
+        line.state, line.service, line.planned = _plan(raw, settings, sha256)
     except ApiError as exc:
         line.error = exc
     return line
@@ -164,7 +163,7 @@ def groups(lines: Sequence[Line]) -> list[list[Line]]:
     line order. Only the order of work changes: every line is answered on its own line."""
     by_state: dict[str | None, list[Line]] = {}
     for line in lines:
-        if line.work is not None:
+        if line.service is not None:
             by_state.setdefault(line.state, []).append(line)
     return list(by_state.values())
 
@@ -201,30 +200,54 @@ class Progress:
             line.answer, line.tokens, line.error = answer, tokens, error
             self.answered += 1
 
+    def evaluated(self, line: Line, evaluated: Evaluated) -> None:
+        with self._lock:
+            if not self._closed:
+                line.evaluated = evaluated
+
 
 def run_lines(engine: DecisionEngine, lines: Sequence[Line], progress: Progress) -> None:
-    """Answer lines of one state one after another, on the engine thread. The engine keeps the
-    prefix it evaluated last, so the first line prefills the state and the others reuse it."""
+    """Evaluate lines of one state one after another, on the engine thread. The engine keeps
+    the prefix it evaluated last, so the first line prefills the state and the others reuse
+    it. A line's failure is its own error line, unless the engine failed."""
     for line in lines:
         if progress.closed:
             return
-        assert line.work is not None
-        try:
-            answered = line.work(engine)
-        except Cancelled:
-            raise  # the job was aborted (deadline, hang-up): the lines left are not reached
-        except (EngineFailure, Unavailable):
-            raise  # the engine's fault, not the line's: the call fails whole (503), and retried
-        except ApiError as exc:
-            progress.record(line, error=exc)
-        except Exception:
-            log.exception(
-                "unhandled error in a JSON Lines line",
-                extra={"request_id": progress.request_id, "line": line.number},
-            )
-            progress.record(line, error=internal_error())
+        assert line.service is not None
+        with _line_errors(line, progress):
+            progress.evaluated(line, line.service.evaluate(engine, line.planned))
+
+
+def render_lines(engine: DecisionEngine, lines: Sequence[Line], progress: Progress) -> None:
+    """Every evaluated line rendered, as one batch: a batch correction divides out the mean
+    over all of this body's lines that ask the same (api/services.py). On the engine thread."""
+    ready = [line for line in lines if line.evaluated is not None and not line.done]
+    parts = [(line.service, line.planned, line.evaluated) for line in ready]
+    for line, got in zip(ready, services.render_together(engine, parts, "lines of this body")):
+        if isinstance(got, ApiError):
+            progress.record(line, error=got)
         else:
-            progress.record(line, answered.body, answered.input_tokens)
+            progress.record(line, got.body, got.input_tokens)
+
+
+@contextlib.contextmanager
+def _line_errors(line: Line, progress: Progress) -> Iterator[None]:
+    """Bad input is the line's own error line; an engine failure, or the job aborted
+    (deadline, hang-up), fails the whole call."""
+    try:
+        yield
+    except Cancelled:
+        raise  # the job was aborted (deadline, hang-up): the lines left are not reached
+    except (EngineFailure, Unavailable):
+        raise  # the engine's fault, not the line's: the call fails whole (503), and retried
+    except ApiError as exc:
+        progress.record(line, error=exc)
+    except Exception:
+        log.exception(
+            "unhandled error in a JSON Lines line",
+            extra={"request_id": progress.request_id, "line": line.number},
+        )
+        progress.record(line, error=internal_error())
 
 
 def unfinished(lines: Sequence[Line]) -> int:
@@ -277,6 +300,8 @@ async def answer_body(
             for start in range(0, len(group), JSON_LINES_PER_JOB):
                 part = group[start : start + JSON_LINES_PER_JOB]
                 await call.run(functools.partial(run_lines, call.engine, part, progress))
+        # Rendered once every line is evaluated: a batch correction spans the whole body.
+        await call.run(functools.partial(render_lines, call.engine, lines, progress))
     except Timeout:
         progress.close()  # from here on the engine thread's late answers are dropped
         count = unfinished(lines)

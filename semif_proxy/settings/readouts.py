@@ -78,6 +78,18 @@ class BiasCorrections(_PerType):
     what: ClassVar[str] = "a bias correction"
     default: str = DEFAULT_BIAS_CORRECTION
 
+    @classmethod
+    def check(cls, kind: str, value: str) -> None:
+        if value == "batch":
+            # A default applies to every question, also one alone in its request, which a
+            # batch correction must refuse (it would make any answer uniform).
+            raise ValueError(
+                f"{kind}: batch is asked per request (`bias_correction: batch` on the "
+                "questions of a batch), not as a server default: a question alone in its "
+                "request has no batch to be calibrated over"
+            )
+        super().check(kind, value)
+
 
 def parse_per_type(value: str, model: type[T]) -> T:
     """A name for every type, or a JSON object of names by question type."""

@@ -38,12 +38,14 @@ async def batch_route(request: web.Request) -> web.Response:
         engine = call.engine
         batch = systemone_batch.plan_batch(body, settings, engine.sha256)
         await call.run(functools.partial(systemone_batch.check_batch, engine, batch))
-        responses = [
-            await call.run(
-                functools.partial(systemone_batch.answer_state, engine, batch, i, settings.strict)
-            )
+        evaluated = [
+            await call.run(functools.partial(systemone_batch.evaluate_state, engine, batch, i))
             for i in range(len(batch.states))
         ]
+        # After every state: a batch correction divides out the whole batch's mean answer.
+        responses = await call.run(
+            functools.partial(systemone_batch.render_states, engine, evaluated, settings.strict)
+        )
     response = systemone_batch.combine_batch(responses, settings.strict)
     response["request_id"] = request[REQUEST_ID]
     request[TOKENS] = response["usage"]["input_tokens"]
