@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -64,10 +65,11 @@ def test_a_batch_divides_out_its_mean_answer(decision_engine: DecisionEngine) ->
         )
     # The batch had a bias to remove: some option was likelier than 1/3 on average.
     assert max(fixed[0]["batch"]["mean_probabilities"]) > 0.34
-    # The same question asked twice of the same state is its own batch's mean: uniform.
+    # The same question asked twice of one state is one prompt: its mean is its own answer,
+    # which divided out would leave a uniform one. Refused.
     twice = [decision(f"t{i}", STATES[0], bias_correction="batch") for i in range(2)]
-    for same in decide(decision_engine, twice, paths(2))[0]:
-        np.testing.assert_allclose(same["probabilities"], [1 / 3] * 3, rtol=0, atol=1e-12)
+    with pytest.raises(InvalidRequest, match="2 different states"):
+        decide(decision_engine, twice, paths(2))
 
 
 def test_each_option_set_is_its_own_batch(decision_engine: DecisionEngine) -> None:
@@ -145,10 +147,26 @@ def test_a_decision_alone_in_its_batch_is_refused_before_any_work(
         decide(decision_engine, [asked[0], turned], paths(2))
 
 
+def test_only_questions_read_alike_share_a_batch() -> None:
+    q = Question("d", "d", "s1", "q", ("a", "b"), bias_correction="batch")
+    other = [
+        Question("d", "d", "s2", "q", ("a", "b"), bias_correction="batch", temperature=2.0),
+        Question(
+            "d", "d", "s2", "q", ("a", "b"), bias_correction="batch", log_position_prior=(0.0, -1.0)
+        ),
+        Question("d", "d", "s2", "q", ("b", "a"), bias_correction="batch"),
+        Question("d", "d", {"s": 2}, "q", ("a", "b"), bias_correction="batch", readout="direct"),
+    ]
+    for o in other:
+        assert batch_bias.alone([q, o]) == [q, o]
+    assert batch_bias.alone([q, replace(q, state={"s": 2})]) == []
+
+
 def test_an_option_no_question_of_the_batch_gives_any_probability_keeps_none() -> None:
     q = Question("d", "d", "s", "q", ("a", "b", "c"), bias_correction="batch")
     rows = [
-        Scored(q, np.zeros(3), np.array(p), 1.0, 1, "") for p in ([0.5, 0.5, 0.0], [0.2, 0.8, 0.0])
+        Scored(replace(q, state=f"s{i}"), np.zeros(3), np.array(p), 1.0, 1, "")
+        for i, p in enumerate(([0.5, 0.5, 0.0], [0.2, 0.8, 0.0]))
     ]
     fixed = batch_bias.corrected(rows)
     for row in fixed:
@@ -156,17 +174,6 @@ def test_an_option_no_question_of_the_batch_gives_any_probability_keeps_none() -
         assert row.probabilities.sum() == pytest.approx(1.0, abs=1e-12)
     # mean (0.35, 0.65): 0.5/0.35 : 0.5/0.65, renormalised
     assert fixed[0].probabilities[0] == pytest.approx((0.5 / 0.35) / (0.5 / 0.35 + 0.5 / 0.65))
-
-
-def test_batch_is_no_server_default(tmp_path: Path) -> None:
-    from semif_proxy.settings import SettingsError, load_settings
-
-    model = tmp_path / "m.gguf"
-    model.write_bytes(b"GGUF")
-    for value in ("batch", '{"noul": "batch"}'):
-        with pytest.raises(SettingsError, match="SEMIF_BIAS_CORRECTION") as caught:
-            load_settings({"SEMIF_BIAS_CORRECTION": value}, model=str(model))
-        assert "asked per request" in str(caught.value)
 
 
 # -- over HTTP: a System One batch, JSON Lines ---------------------------------------------------
@@ -212,11 +219,12 @@ def test_a_system_one_batch_is_calibrated_over_its_states(server: AppServer) -> 
     block = fixed.json()["semif"]["states"][0]["questions"]["refund"]["batch"]
     assert block["size"] == 3
 
-    one = server.call("POST", "/v1/systemone/batch", system_one_batch(STATES[:1], "batch"))
-    assert one.status == 422
-    [detail] = one.json()["detail"]
-    assert detail["loc"] == ["body", "questions", "refund", "bias_correction"]
-    assert "send more states" in detail["msg"]
+    for states in (STATES[:1], [STATES[0], STATES[0]]):  # one state, or one state twice
+        one = server.call("POST", "/v1/systemone/batch", system_one_batch(states, "batch"))
+        assert one.status == 422
+        [detail] = one.json()["detail"]
+        assert detail["loc"] == ["body", "questions", "refund", "bias_correction"]
+        assert "send different states" in detail["msg"]
     single = {
         "model": "jev-latest",
         "state": STATES[0],
@@ -279,3 +287,20 @@ def test_eval_reports_a_batch_row_as_one_it_cannot_ask(tmp_path: Path) -> None:
     assert [r.line for r in good] == [2]
     assert [b.line for b in bad] == [1, 3]
     assert all("eval asks each row alone" in b.error for b in bad)
+
+
+def test_a_decisions_request_has_one_state_so_no_batch(server: AppServer) -> None:
+    """A request's decisions share one state: a batch of them would be one prompt's answer
+    divided by itself. Refused, pointing at the way that works."""
+    asked = [decision(f"d{i}", STATES[0], bias_correction="batch").model_dump() for i in range(3)]
+    reply = server.call("POST", "/v1/decisions", {"decisions": asked})
+    error = reply.json()["error"]
+    assert reply.status == 400 and error["field"] == "decisions[0].bias_correction"
+    assert "JSON Lines" in error["message"]
+
+
+def test_json_lines_of_one_state_are_no_batch(server: AppServer) -> None:
+    line = {"decision": decision("d", STATES[0], bias_correction="batch").model_dump()}
+    got = jsonlines_call(server, [line, line])
+    assert [g["status"] for g in got] == [400, 400]
+    assert all(g["error"]["field"] == "decision.bias_correction" for g in got)

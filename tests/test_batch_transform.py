@@ -536,3 +536,42 @@ def test_an_engine_that_refuses_decisions_fails_the_call(
 )
 def test_split_lines(raw: bytes, expected: list[bytes]) -> None:
     assert jsonlines.split_lines(raw) == expected
+
+
+def test_a_line_that_fails_to_render_is_its_own_500_and_a_failed_call_renders_nothing() -> None:
+    """Lines are rendered together once all are evaluated (a batch correction spans them):
+    an unexpected error rendering one is that line's 500 line, not the call's; and after the
+    call has failed (its deadline), nothing is rendered or logged."""
+    from semif_proxy.api.services import Answered, Evaluated
+    from semif_proxy.engine.questions import Evaluation
+
+    class Service:
+        name = "decisions"
+
+        def __init__(self, fails: bool) -> None:
+            self.fails = fails
+
+        def render(self, engine: object, planned: object, evaluated: Evaluated) -> Answered:
+            if self.fails:
+                raise RuntimeError("a bug")
+            return Answered({"ok": True}, 3)
+
+    def lines() -> list[jsonlines.Line]:
+        out = []
+        for n, fails in enumerate([False, True, False], 1):
+            line = jsonlines.Line(n, "s", Service(fails))  # type: ignore[arg-type]
+            line.evaluated = Evaluated([], Evaluation([]))
+            out.append(line)
+        return out
+
+    done = lines()
+    jsonlines.render_lines(None, done, jsonlines.Progress("r"))  # type: ignore[arg-type]
+    assert [line.answer for line in done] == [{"ok": True}, None, {"ok": True}]
+    assert done[1].error is not None and done[1].error.status == 500
+    assert [line.tokens for line in done] == [3, 0, 3]
+
+    late = lines()
+    closed = jsonlines.Progress("r")
+    closed.close()
+    jsonlines.render_lines(None, late, closed)  # type: ignore[arg-type]
+    assert jsonlines.unfinished(late) == 3

@@ -407,6 +407,38 @@ def test_exactness_self_check_passes_on_this_libllama(decision_engine: DecisionE
     assert len(check.suffix_tokens) == 2
 
 
+def test_the_self_check_fills_a_cell_block_of_any_alignment(
+    decision_engine: DecisionEngine,
+) -> None:
+    """Cells align to 64 where llama.cpp reports AVX-512 (the image's CPU variants on c6i/c7i):
+    the short sample's state grows until its prefix holds a block, so the check still splits
+    and compares instead of passing on an empty prefix. The real core, seen with that
+    alignment (64 is a multiple of this build's, so the split stays valid here)."""
+    from types import SimpleNamespace
+
+    from semif_proxy.engine import exactness
+
+    core = decision_engine.core
+
+    class Core:  # the real core, reporting another alignment
+        cell_align = 64
+
+        def __getattr__(self, name: str) -> object:
+            return getattr(core, name)
+
+    seen = SimpleNamespace(
+        template=decision_engine.template,
+        tokenize_prompt=decision_engine.tokenize_prompt,
+        core=Core(),
+        offloaded=decision_engine.offloaded,
+        branch_mode=decision_engine.branch_mode,
+        letter_ids=decision_engine.letter_ids,
+    )
+    check = decision_engine.thread.call(lambda: exactness.check(seen))  # type: ignore[arg-type]
+    assert check.prefix_tokens >= 64 and check.prefix_tokens % 64 == 0
+    assert check.passed and len(check.suffix_tokens) == 2
+
+
 def test_a_failed_exactness_self_check_refuses_decisions(
     tiny_model: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -188,6 +188,9 @@ def test_a_bad_bias_correction_setting_names_the_variable(tmp_path: Path) -> Non
         with pytest.raises(SettingsError, match="SEMIF_BIAS_CORRECTION") as caught:
             load_settings({"SEMIF_BIAS_CORRECTION": value}, model=str(model))
         assert "is not a bias correction" in str(caught.value)
+    for value in ("batch", '{"noul": "batch"}'):  # per request only: a default has no batch
+        with pytest.raises(SettingsError, match="asked per request"):
+            load_settings({"SEMIF_BIAS_CORRECTION": value}, model=str(model))
     typed = load_settings({"SEMIF_BIAS_CORRECTION": '{"noul": "contextual"}'}, model=str(model))
     assert typed.bias_correction.for_type("noul") == "contextual"
     assert typed.bias_correction.for_type("choice") == "none"

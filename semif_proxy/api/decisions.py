@@ -257,7 +257,10 @@ def decide(
     if lone:  # before any work: its batch would be itself
         raise InvalidRequest(
             batch_bias.why_alone(
-                lone[0], "decisions of this request", "; send those to calibrate in one request"
+                lone[0],
+                "decisions answered together",
+                "; a request's decisions share one state: send each decision as a line of one "
+                "JSON Lines body on POST /invocations",
             ),
             field=f"{lone[0].path}.bias_correction",
         )

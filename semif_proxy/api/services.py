@@ -17,12 +17,13 @@ Chat is no service here: the HTTP layer forwards it to llama-server.
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Protocol
 
 from semif_proxy.api import decisions, systemone, systemone_schemas
 from semif_proxy.engine import batch_bias
-from semif_proxy.errors import ApiError, InvalidRequest
+from semif_proxy.errors import ApiError, InvalidRequest, internal_error
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -138,6 +139,8 @@ class SystemOne:
         return planned.request.state
 
 
+log = logging.getLogger("semif_proxy.services")
+
 SERVICES: dict[str, Service] = {"decisions": Decisions(), "systemone": SystemOne()}
 
 
@@ -176,6 +179,9 @@ def render_together(
             out[i] = service.render(engine, planned, evaluated.with_rows(corrected))
         except ApiError as exc:
             out[i] = exc
+        except Exception:  # a bug in one request's rendering: its own 500, not the others'
+            log.exception("unhandled error rendering a request of a batch")
+            out[i] = internal_error()
     return [o for o in out if o is not None]
 
 

@@ -211,7 +211,7 @@ def answer(engine: DecisionEngine, planned: Plan, strict: bool) -> dict[str, Any
     if lone:  # before any work: its batch would be itself
         q = lone[0]
         hint = "; POST /v1/systemone/batch asks the same questions of many states"
-        message = batch_bias.why_alone(q, "questions of this request", hint)
+        message = batch_bias.why_alone(q, "questions answered together", hint)
         raise schema_error(field_loc(f"{q.path}.bias_correction"), message)
     evaluation = evaluate(engine, planned)
     evaluation = replace(evaluation, scored=batch_bias.corrected(evaluation.scored))

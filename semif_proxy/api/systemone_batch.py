@@ -95,9 +95,11 @@ def check_batch(engine: DecisionEngine, batch: BatchPlan) -> None:
     if engine.unavailable_reason:
         raise Unavailable(engine.unavailable_reason)
     questions = rotations.flatten(batch.plan(0).asked)
-    if len(batch.states) < batch_bias.MIN_BATCH and batch_bias.alone(questions):
-        q = batch_bias.alone(questions)[0]
-        message = batch_bias.why_alone(q, "states of this batch", "; send more states")
+    calibrated = [q for q in questions if batch_bias.asks(q)]
+    different = {batch_bias.state_key(state) for state in batch.states}
+    if calibrated and len(different) < batch_bias.MIN_BATCH:  # every question asks every state
+        q = calibrated[0]
+        message = batch_bias.why_alone(q, "states of this batch", "; send different states")
         raise schema_error(["questions", q.id, "bias_correction"], message)
     asked = engine.asked_tokens(questions)
     request_limit = engine.settings.request_token_limit

@@ -5,23 +5,26 @@ out of each one's probabilities.
 A question asks for it with `bias_correction: "batch"`. Its batch is the questions answered
 together that share its key: the same readout, normalisation, question text, answer words and
 options in the same listed order (so each rotation of a permuted question is calibrated with
-the same rotation of the others). The batch is what one call answers: the decisions of a
-decisions request, the states of a System One batch, the lines of a JSON Lines body.
+the same rotation of the others). The batch is what one call answers over several states: the
+states of a System One batch, the lines of a JSON Lines body. (A decisions request or a single
+System One request has one state: `batch` there is refused.)
 
 For the questions i of one batch, with served probabilities p_i (after the temperature and a
 position prior), the mean p = mean_i p_i is the batch's answer bias, and each question's
 corrected probabilities are p_i / p, renormalised. Unlike contextual correction this costs no
-model call; it needs at least MIN_BATCH questions per key (one alone would be corrected to a
-uniform distribution: a request where that would happen is refused, naming the question).
+model call; it needs at least MIN_BATCH different states asking each key (the questions of
+one state are one prompt with one answer, which divided by itself is uniform: a request where
+that would happen is refused, naming the question).
 
 Pure: no engine calls, no HTTP; the services apply it after evaluating and before rendering.
 """
 
 from __future__ import annotations
 
-from collections import Counter
+import json
 from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import replace
+from typing import Any
 
 import numpy as np
 
@@ -37,15 +40,33 @@ def asks(q: Question) -> bool:
 
 
 def key(q: Question) -> Hashable:
-    return (q.readout, q.normalization, q.question, q.descriptions, q.answers)
+    """What makes questions one batch: asked and read the same way over the same listed
+    options, so that their answer distributions differ only by their states. (Rotations of one
+    question with repeated descriptions share a key; their prompts are then the same too.)"""
+    return (
+        q.readout,
+        q.normalization,
+        q.question,
+        q.descriptions,
+        q.answers,
+        q.temperature,
+        q.log_position_prior,
+    )
+
+
+def state_key(state: Any) -> str:
+    # The state as the prompt renders it: two states that render alike are one state.
+    return state if isinstance(state, str) else json.dumps(state, ensure_ascii=False)
 
 
 def alone(questions: Iterable[Question]) -> list[Question]:
-    """The batch-calibrated questions that share their key with fewer than MIN_BATCH - 1
-    others: each one's batch would be itself."""
+    """The batch-calibrated questions whose key fewer than MIN_BATCH different states ask: the
+    mean over one state's answers is that answer, and dividing it out leaves a uniform one."""
+    states: dict[Hashable, set[str]] = {}
     asked = [q for q in questions if asks(q)]
-    counts = Counter(key(q) for q in asked)
-    return [q for q in asked if counts[key(q)] < MIN_BATCH]
+    for q in asked:
+        states.setdefault(key(q), set()).add(state_key(q.state))
+    return [q for q in asked if len(states[key(q)]) < MIN_BATCH]
 
 
 def why_alone(q: Question, batch: str, hint: str = "") -> str:
@@ -53,13 +74,14 @@ def why_alone(q: Question, batch: str, hint: str = "") -> str:
     return (
         f"{q.path}.bias_correction: batch divides out the mean answer over the {batch} that "
         "ask the same question with the same readout and options in the same order (and the "
-        f"same permutations); it needs at least {MIN_BATCH} and this one has no other{hint}"
+        f"same permutations); it needs at least {MIN_BATCH} different states asking it, and "
+        f"this one's state has no other{hint}"
     )
 
 
 def corrected(rows: Sequence[Scored]) -> list[Scored]:
     """The rows with every batch-calibrated one's probabilities divided by its batch's mean,
-    renormalised; other rows as they are. A key held by fewer than MIN_BATCH rows is left
+    renormalised; other rows as they are. A key fewer than MIN_BATCH states ask is left
     uncorrected (callers refuse those first, see `alone`)."""
     groups: dict[Hashable, list[int]] = {}
     for i, row in enumerate(rows):
@@ -67,7 +89,7 @@ def corrected(rows: Sequence[Scored]) -> list[Scored]:
             groups.setdefault(key(row.question), []).append(i)
     out = list(rows)
     for members in groups.values():
-        if len(members) < MIN_BATCH:
+        if len({state_key(rows[i].question.state) for i in members}) < MIN_BATCH:
             continue
         probs = np.asarray([rows[i].probabilities for i in members], np.float64)
         mean = probs.mean(axis=0)

@@ -22,6 +22,7 @@ if TYPE_CHECKING:
 STATE = "Ticket: the login fails."
 QUESTIONS = ("Which queue?", "Which team?")
 OPTIONS = ("Billing", "Login")
+SAMPLE_GROWTH = 16  # the most times the state is repeated to fill one cell block
 
 # Letter logits of a split evaluation may differ from the one-piece evaluation by this much when
 # layers run on a GPU (its kernels are not bit-exact); on the CPU they must be identical.
@@ -45,6 +46,29 @@ class ExactnessCheck:
         return asdict(self)
 
 
+def _sample(engine: DecisionEngine) -> tuple[list[list[int]], list[int]]:
+    """The sample's two prompts, and the prefix they are split at: the state's proven aligned
+    split, else their common tokens aligned. The state is repeated until the prefix holds at
+    least one cell block: cells align to 64 where llama.cpp reports AVX-512 (the base image's
+    CPU variants on such a host; 8 or 32 otherwise), and a prefix that aligns down to nothing
+    would check nothing."""
+    align = engine.core.cell_align
+    state = STATE
+    for _ in range(SAMPLE_GROWTH):
+        rendered = [render_decision(engine.template, state, q, list(OPTIONS)) for q in QUESTIONS]
+        fulls = [engine.tokenize_prompt(r.text) for r in rendered]
+        prefix, _ = prefix_split.split(
+            engine.tokenize_prompt(rendered[0].state_prefix), fulls, align
+        )
+        if not prefix:  # no proven split of this state: check on the prompts' common tokens
+            common = prefix_split.shared_prefix(fulls[0], fulls)
+            prefix = common[: prefix_split.aligned_length(len(common), align)]
+        if prefix:
+            break
+        state = f"{state} {STATE}"
+    return fulls, prefix
+
+
 def check(engine: DecisionEngine) -> ExactnessCheck:
     """Score the sample's prompts split (aligned prefix, then each question's suffix, as
     requests are served) and whole (each prompt in one piece, as llama-server
@@ -53,16 +77,9 @@ def check(engine: DecisionEngine) -> ExactnessCheck:
     that places them differently (the container links the base image's own) is caught
     here, at load, instead of answering with numbers that depend on batching."""
     start = time.perf_counter()
-    rendered = [render_decision(engine.template, STATE, q, list(OPTIONS)) for q in QUESTIONS]
-    fulls = [engine.tokenize_prompt(r.text) for r in rendered]
-    prefix, _ = prefix_split.split(
-        engine.tokenize_prompt(rendered[0].state_prefix), fulls, engine.core.cell_align
-    )
-    if not prefix:  # no proven split of this state: check on the prompts' common tokens
-        common = prefix_split.shared_prefix(fulls[0], fulls)
-        prefix = common[: prefix_split.aligned_length(len(common), engine.core.cell_align)]
+    fulls, prefix = _sample(engine)
     tolerance = GPU_TOLERANCE if engine.offloaded else 0.0
-    if not prefix:  # nothing to split (prompts shorter than one cell block): all go whole
+    if not prefix:  # no split at all, for this template: every decision goes whole
         return ExactnessCheck(True, 0.0, tolerance, 0, [], engine.branch_mode, 0.0)
     suffixes = [f[len(prefix) :] for f in fulls]
     engine.core.reset()

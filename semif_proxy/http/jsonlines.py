@@ -221,6 +221,8 @@ def run_lines(engine: DecisionEngine, lines: Sequence[Line], progress: Progress)
 def render_lines(engine: DecisionEngine, lines: Sequence[Line], progress: Progress) -> None:
     """Every evaluated line rendered, as one batch: a batch correction divides out the mean
     over all of this body's lines that ask the same (api/services.py). On the engine thread."""
+    if progress.closed:  # the call already failed (deadline): render and log nothing
+        return
     ready = [line for line in lines if line.evaluated is not None and not line.done]
     parts = [(line.service, line.planned, line.evaluated) for line in ready]
     for line, got in zip(ready, services.render_together(engine, parts, "lines of this body")):
