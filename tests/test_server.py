@@ -9,6 +9,7 @@ import os
 import signal
 import socket
 from collections.abc import Iterator
+from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -350,3 +351,23 @@ def test_engine_that_cannot_load_stops_the_process(tiny_model: Path, tmp_path: P
     assert server.proc is not None
     assert server.proc.wait(60) == 3
     assert "the decision engine failed to start" in log.read_text()
+
+
+def test_the_engine_loads_once_the_main_llama_server_has(model_path: Path, start_app: StartApp):
+    """Default CPU sharing: the engine's load and self-check wait for the main llama-server's
+    load. Side by side on the same cores both spun waiting on each other (the self-check took
+    11.4 s instead of 1.1 s, /ping 200 after 12.2 s, SmolLM2 on 2 cores)."""
+    server = start_app(model_path, preset="full", log=True)
+    events = [json.loads(line) for line in server.log_lines()]
+    ready = [e for e in events if e.get("event") == "llama_server_ready"]
+    [checked] = [e for e in events if e.get("event") == "exactness_check"]
+    assert ready and ready[0]["seconds"] > 0
+
+    def at(event: dict) -> datetime:
+        return datetime.fromisoformat(event["ts"].replace("Z", "+00:00"))
+
+    # The check logs as it ends: it began `seconds` before, after llama-server was ready.
+    began = at(checked) - timedelta(seconds=checked["seconds"])
+    assert began >= at(ready[0]) - timedelta(milliseconds=5), (began, ready[0]["ts"])
+    health = server.call("GET", "/health").json()
+    assert health["cpu"]["sharing"] in ("gate", "dynamic")

@@ -7,8 +7,9 @@ finds its service here by the body's shape (`find`), and every service has the s
 - `answer(engine, planned)` runs it on the engine thread and returns an `Answered` (the
   response body and the prompt tokens it counted);
 - `evaluate(engine, planned)` and `render(engine, planned, evaluation)` are `answer` in two
-  steps, for callers that batch-correct over several requests between them (a JSON Lines
-  body's lines): `answer` corrects over the request's own questions only;
+  steps, for a caller that batch-corrects over several requests between them
+  (`render_together`, for a JSON Lines body's lines); `answer` alone refuses a batch
+  correction, since one request holds one state;
 - `state(planned)` is the state the request asks about (JSON Lines groups lines by it).
 
 Chat is no service here: the HTTP layer forwards it to llama-server.
@@ -145,8 +146,8 @@ SERVICES: dict[str, Service] = {"decisions": Decisions(), "systemone": SystemOne
 
 
 def lone_error(service: Service, q: Question, batch: str) -> ApiError:
-    """What a request gets for a batch-corrected question with no other of its kind in the
-    batch: the error it would get alone (400; System One's 422 shape)."""
+    """What a request gets for a batch-corrected question that no other state of the batch
+    asks: the error it would get alone (400; System One's 422 shape)."""
     message = batch_bias.why_alone(q, batch)
     field = f"{q.path}.bias_correction"
     if service.name == "systemone":
@@ -159,8 +160,8 @@ def render_together(
 ) -> list[Answered | ApiError]:
     """Several evaluated requests rendered as one batch (a JSON Lines body's lines): the batch
     correction of the questions that ask for it divides out the mean over all of them. A
-    request holding such a question that no other shares is refused (`lone_error`) and adds
-    nothing to the others' means. Runs on the engine thread."""
+    request holding such a question that no other state asks is refused (`lone_error`) and
+    adds nothing to the others' means. Runs on the engine thread."""
     out: list[Answered | ApiError | None] = [None] * len(parts)
     live = list(range(len(parts)))
     while True:
