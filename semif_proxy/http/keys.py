@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -37,6 +38,9 @@ class EngineSlot:
     state once it runs, so the load fills this in instead of setting an app key."""
 
     engine: DecisionEngine | None = None
+    # Set once the load has ended, loaded or failed: what waits for it (the main
+    # llama-server's start on the CPU, http/lifecycle.py) never waits on a failed load.
+    load_over: asyncio.Event = field(default_factory=asyncio.Event)
 
 
 SETTINGS = web.AppKey("settings", Settings)

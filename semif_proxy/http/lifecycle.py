@@ -42,30 +42,14 @@ def _fatal(app: web.Application, what: str, exc: BaseException) -> None:
     app[STARTUP].on_fatal()
 
 
-async def _after_main_llama_server(app: web.Application) -> bool:
-    """On the CPU (gate, dynamic: the cores go to one of the two at a time) the engine loads
-    once the main llama-server has loaded. Side by side, both loads compute at once on the
-    same cores and ggml's threads of each spin waiting for threads the other has taken: with
-    SmolLM2 on 2 cores the engine's self-check took 11.4 s instead of 1.1 s, llama-server's
-    load 10.5 s instead of 0.1 s, and /ping said 200 after 12.2 s. False: it failed to start
-    or was stopped (the process is ending), and there is nothing to load the engine for."""
-    if not app[SETTINGS].chat or app[THREAD_PLAN].sharing not in ("gate", "dynamic"):
-        return True
-    server = app.get(LLAMA)  # llama_ctx sets it as it starts, before this task first runs
-    if server is None:
-        return True
-    await server.start_over.wait()  # ready, failed, or stopped
-    return server.state not in ("stopping", "stopped") and not app[STARTUP].errors
-
-
 async def _load_engine(app: web.Application) -> None:
-    if not await _after_main_llama_server(app):
-        return
     try:
         engine = await DecisionEngine.start(app[SETTINGS], app[THREAD_PLAN].engine)
     except Exception as exc:  # any load failure ends the process: nothing to serve
         _fatal(app, "the decision engine", exc)
         return
+    finally:
+        app[ENGINE].load_over.set()
     app[ENGINE].engine = engine
     app[CPU_POLICY].attach(engine=engine)
     # How a question that names none is read (SEMIF_READOUT, SEMIF_BIAS_CORRECTION), said once.
@@ -107,15 +91,33 @@ async def _start_llama(app: web.Application, server: LlamaServer, second: bool) 
         return False
 
 
+async def _after_the_engine(app: web.Application) -> bool:
+    """On the CPU (sharing gate or dynamic: the cores go to one of the two at a time) the main
+    llama-server starts once the engine has loaded. Side by side, both loads computed at once
+    on the same cores and ggml's threads of each spun waiting for threads the other had taken:
+    with SmolLM2 on 2 cores the engine's self-check took 11.4 s instead of 1.1 s, llama-server's
+    load 10.5 s instead of 0.1 s, and /ping said 200 after 12.2 s. The engine goes first so
+    that decisions are served while chat still loads (a large model's llama-server may take
+    minutes). False: the engine failed, the process is ending, nothing to start."""
+    if not app[SETTINGS].decisions or app[THREAD_PLAN].sharing not in ("gate", "dynamic"):
+        return True
+    await app[ENGINE].load_over.wait()
+    return not app[STARTUP].errors
+
+
 async def _start_all(app: web.Application, servers: list[LlamaServer]) -> None:
-    """The main llama-server first; the second one once the main one is healthy and the engine
-    loaded (side by side, each load would slow the others and /ping would say 200 later), and
-    only if the memory left holds it."""
+    """The main llama-server first (after the engine, on the CPU); the second one once the main
+    one is healthy and the engine loaded (side by side, each load would slow the others and
+    /ping would say 200 later), and only if the memory left holds it."""
     main, *rest = servers
+    if not await _after_the_engine(app):
+        return
     if not await _start_llama(app, main, second=False) or not rest:
         return
-    while app[ENGINE].engine is None and not app[STARTUP].errors:
-        await asyncio.sleep(0.1)  # the engine's own load: its memory counts too
+    if app[SETTINGS].decisions:
+        await app[ENGINE].load_over.wait()  # the engine's own load: its memory counts too
+    if app[STARTUP].errors:
+        return
     room, need = memory_room(), private_bytes(main.pid) if main.pid else None
     if not second_server_fits(room, need):
         log.warning(

@@ -79,9 +79,6 @@ class LlamaServer:
         self.state = "stopped"
         self.process: asyncio.subprocess.Process | None = None
         self._healthy = asyncio.Event()
-        # Set once the first start has ended (ready, failed) or the server was stopped: what
-        # waits for its load to be over (http/lifecycle.py) never waits on a stopped server.
-        self.start_over = asyncio.Event()
         self._stopping = False
         self._supervisor: asyncio.Task[None] | None = None
         self._pump_task: asyncio.Task[None] | None = None
@@ -136,8 +133,6 @@ class LlamaServer:
         except BaseException:
             await self.stop()
             raise
-        finally:
-            self.start_over.set()
         log.info(
             "llama-server ready",
             extra={
@@ -149,7 +144,6 @@ class LlamaServer:
         self._supervisor = asyncio.create_task(self._supervise(), name="llama-server-supervisor")
 
     async def stop(self, timeout: float = 10.0) -> None:
-        self.start_over.set()
         self._stopping = True
         self.state = "stopping"
         self._healthy.clear()  # no chat is routed to a child that is being stopped
