@@ -105,7 +105,9 @@ def verdicts(all_summaries: list[dict[str, Any]]) -> list[str]:
     ]
     realistic = next((s for s in all_summaries if s["tag"] == REALISTIC), None)
     met = []
-    for name, r in (realistic or {}).get("runs", {}).items():
+    runs = (realistic or {}).get("runs", {})
+    base = runs.get("letters@1", {}).get("by", {}).get("all", {}).get("all", {}).get("n", 0)
+    for name, r in runs.items():
         if r["permutations"] != "1" or r["config"] == "letters":
             continue
         for kind, c in r["by"]["all"].items():
@@ -117,6 +119,8 @@ def verdicts(all_summaries: list[dict[str, Any]]) -> list[str]:
             why = []
             if r["by"]["all"]["all"]["n"] < TASKS:
                 why.append(f"{r['by']['all']['all']['n']} of {TASKS} tasks answered")
+            elif base < TASKS:  # paired over what letters answered: not yet all of them
+                why.append(f"letters answered {base} of {TASKS}")
             if lo is None or lo <= 0:
                 why.append("its interval reaches zero" if lo is not None else "no interval")
             if cost is None or cost > MAX_COST:

@@ -132,6 +132,37 @@ TASKS = [
 # A model load and six questions (two prompts each, continuation's several branches): about a
 # minute on two free cores, more on a shared machine.
 @pytest.mark.timeout(600)
+def _run(config: str, n: int, lo: float, cost: float | None) -> dict:
+    c = {"n": n, "correct": n // 2, "accuracy": 0.5, "wilson95": [0.4, 0.6]}
+    if config != "letters":
+        c["vs_letters"] = {"pairs": n, "difference": lo + 0.05, "bootstrap95": [lo, lo + 0.1]}
+        c["vs_letters"] |= {"cost_ratio": cost, "cost_pairs": 10, "cpu_cost_ratio": cost}
+    return {"config": config, "permutations": "1", "by": {"all": {"all": c}}}
+
+
+@pytest.mark.parametrize(
+    ("letters_n", "n", "lo", "cost", "verdict"),
+    [
+        (231, 231, 0.02, 1.1, "meets the rule"),
+        (130, 231, 0.02, 1.1, "not yet: letters answered 130 of 231"),  # pairs are not all
+        (231, 200, 0.02, 1.1, "not yet: 200 of 231 tasks answered"),
+        (231, 231, 0.0, 1.1, "not yet: its interval reaches zero"),
+        (231, 231, 0.02, 1.6, "not yet: cost 1.60x"),
+        (231, 231, 0.02, None, "not yet: no cost measured"),
+    ],
+)
+def test_a_readout_earns_the_default_only_over_every_paired_task(
+    letters_n: int, n: int, lo: float, cost: float | None, verdict: str
+) -> None:
+    from bench.readouts_docs import verdicts
+
+    runs = {"letters@1": _run("letters", letters_n, 0, None), "x@1": _run("x", n, lo, cost)}
+    lines = verdicts([{"tag": "qwen2.5-1.5b", "runs": runs}])
+    [line] = [line for line in lines if line.startswith("- x@1, all")]
+    assert line.endswith(verdict), line
+    assert ("Met by: x (all)." in lines) == (verdict == "meets the rule")
+
+
 def test_runner_writes_rows_and_summary_and_resumes(tmp_path: Path, model_path: Path) -> None:
     tasks_dir = tmp_path / "tasks"
     tasks_dir.mkdir()
