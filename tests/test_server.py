@@ -320,7 +320,10 @@ def test_ping_is_503_while_starting_then_200(model_path: Path, tmp_path: Path) -
             except OSError:
                 return {}  # the port is not open yet
             assert reply.status == (200 if reply.json()["status"] == "ok" else 503)
-            return reply.json()
+            body = reply.json()
+            if body.get("engine", {}).get("state") != "ready":  # on the CPU, llama-server waits
+                assert body["llama_server"]["state"] == "waiting", body
+            return body
 
         # Up, and the engine ready, while llama-server has not started: still 503.
         wait_for(lambda: ping().get("engine", {}).get("state") == "ready", 120, "the engine")
@@ -343,14 +346,21 @@ def test_health_reports_the_exactness_self_check(proxy: ProxyProcess) -> None:
     assert check["prefix_tokens"] > 0 and len(check["suffix_tokens"]) == 2
 
 
-def test_engine_that_cannot_load_stops_the_process(tiny_model: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("chat", ["off", "on"])
+def test_engine_that_cannot_load_stops_the_process(
+    tiny_model: Path, tmp_path: Path, chat: str
+) -> None:
+    """With chat on (CPU: llama-server starts after the engine), no llama-server is started
+    for a process that is ending."""
     broken = tmp_path / "broken.gguf"
     broken.write_bytes(tiny_model.read_bytes()[:4096])  # GGUF magic, truncated tensors
     log = tmp_path / "broken.log"
-    server = ProxyProcess(broken, {"SEMIF_CHAT": "off"}, log_path=log).launch()
+    server = ProxyProcess(broken, {"SEMIF_CHAT": chat}, log_path=log).launch()
     assert server.proc is not None
     assert server.proc.wait(60) == 3
-    assert "the decision engine failed to start" in log.read_text()
+    text = log.read_text()
+    assert "the decision engine failed to start" in text
+    assert '"llama_server_start"' not in text
 
 
 def test_llama_server_starts_once_the_engine_has_loaded(model_path: Path, start_app: StartApp):

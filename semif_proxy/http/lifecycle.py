@@ -98,10 +98,16 @@ async def _after_the_engine(app: web.Application) -> bool:
     with SmolLM2 on 2 cores the engine's self-check took 11.4 s instead of 1.1 s, llama-server's
     load 10.5 s instead of 0.1 s, and /ping said 200 after 12.2 s. The engine goes first so
     that decisions are served while chat still loads (a large model's llama-server may take
-    minutes). False: the engine failed, the process is ending, nothing to start."""
+    minutes). Meanwhile the server's state says "waiting" in /ping and /health. False: a
+    start-up failure (the engine's) is ending the process, nothing to start."""
     if not app[SETTINGS].decisions or app[THREAD_PLAN].sharing not in ("gate", "dynamic"):
         return True
+    server = app[LLAMA]
+    if server is not None:
+        server.state = "waiting"
     await app[ENGINE].load_over.wait()
+    if server is not None and server.state == "waiting":
+        server.state = "stopped"  # start() says "starting" from here on
     return not app[STARTUP].errors
 
 
@@ -156,7 +162,7 @@ async def llama_ctx(app: web.Application) -> AsyncIterator[None]:
         repack = repack_choice(settings.repack).on
         args = with_defaults(settings.llama_server_args, plan.llama_server, repack)
         server = LlamaServer(binary, settings.model_path, settings.upstream_port, args, supervision)
-        app[LLAMA] = server  # state "stopped"/"starting": /ping says 503 until it is healthy
+        app[LLAMA] = server  # "waiting"/"starting": /ping says 503 until it is healthy
         servers.append(server)
         policy = app[CPU_POLICY]
         if plan.why:
