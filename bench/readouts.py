@@ -15,10 +15,11 @@ sha256, prompt versions); rows of another model or prompt are refused unless --f
 questions only: choice questions are asked with letters under it (their rows say
 `applied: letters`; that request is the letters config's, whose row is reused where there is
 one, `copied_from`). Permutations `N` is each task's option count (every cyclic order).
-Default server settings (`load_settings(env={})`: no SEMIF_* of the environment), prefix cache
-on, as served. The summary (per config, split and question type: accuracy with a Wilson 95 %
-interval, the paired difference against letters with a bootstrap 95 % interval, ECE, latency,
-cost against letters) is bench/readouts_summary.py.
+Default server settings (`load_settings`: no SEMIF_* of the environment) but for
+SEMIF_BIAS_CORRECTION=none, so that each config is what it names; prefix cache on, as
+served. The summary (per config, split and question type: accuracy with a Wilson 95 %
+interval, the paired difference against letters with a bootstrap 95 % interval, ECE,
+latency, cost against letters) is bench/readouts_summary.py.
 """
 
 from __future__ import annotations
@@ -104,12 +105,15 @@ def twin(config: str, kind: str) -> str | None:
     return next((c for c in CONFIGS if c != config and fields_for(c, kind)[0] == fields), None)
 
 
-def copied(rows: dict[tuple, dict], task: Task, config: str, spec: str) -> dict | None:
+def copied(
+    rows: dict[tuple, dict], task: Task, config: str, spec: str, cold: bool = False
+) -> dict | None:
     """The twin config's row of this task, as this config's (the same request: asking it
-    again would give the same numbers), or None where there is none yet."""
+    again would give the same numbers), or None where there is none yet; with `cold`, none
+    that was not timed from a cold state either (--recold asks it itself)."""
     other = twin(config, task.kind)
     row = rows.get((other, spec, task.file, task.id)) if other else None
-    if row is None or "error" in row:
+    if row is None or "error" in row or (cold and not row.get("cold")):
         return None
     return row | {"config": config, "copied_from": other}
 
@@ -198,7 +202,10 @@ def load_engine(model: Path) -> Any:
     from semif_proxy.engine.worker import DecisionEngine
     from semif_proxy.settings import load_settings
 
-    return DecisionEngine.load(load_settings(env={}, model=str(model), chat=False))
+    # Every config names its own correction: none where it names none (the server's own
+    # default corrects yes/no questions, which would make `letters` letters+contextual there).
+    env = {"SEMIF_BIAS_CORRECTION": "none"}
+    return DecisionEngine.load(load_settings(env=env, model=str(model), chat=False))
 
 
 def run(args: argparse.Namespace, out: Path) -> int:
@@ -235,7 +242,9 @@ def run(args: argparse.Namespace, out: Path) -> int:
         run: [
             t
             for t in chosen
-            if (*run, t.file, t.id) not in rows or "error" in rows[(*run, t.file, t.id)]
+            if (*run, t.file, t.id) not in rows
+            or "error" in rows[(*run, t.file, t.id)]
+            or (args.recold and not rows[(*run, t.file, t.id)].get("cold"))
         ]
         for run in runs
     }
@@ -271,7 +280,7 @@ def run(args: argparse.Namespace, out: Path) -> int:
                         if deadline is not None and time.monotonic() > deadline:
                             stopped = True
                             break
-                        row = copied(rows, task, config, spec) or answer_row(
+                        row = copied(rows, task, config, spec, args.recold) or answer_row(
                             engine, task, config, spec
                         )
                         rows[row_key(row)] = row
@@ -311,6 +320,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--results-dir", type=Path, default=RESULTS, help="rows and summary")
     parser.add_argument("--max-minutes", type=float, help="stop starting tasks after this long")
     parser.add_argument("--fresh", action="store_true", help="discard the rows already there")
+    parser.add_argument(
+        "--recold",
+        action="store_true",
+        help="ask again the rows not timed from a cold state (older rows: their cost is not "
+        "measured); the new row follows the old one and wins",
+    )
     parser.add_argument("--summary", action="store_true", help="only rewrite the summary")
     parser.add_argument("--docs", action="store_true", help="only write docs/readouts.md")
     parser.add_argument("--out", type=Path, help="with --docs: root to write under")

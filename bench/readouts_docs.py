@@ -39,7 +39,8 @@ def _cost(c: dict[str, Any]) -> str:
     if vs is None:
         return "1.00x / 1.00x"
     wall, cpu = vs["cost_ratio"], vs.get("cpu_cost_ratio")
-    return " / ".join("-" if x is None else f"{x:.2f}x" for x in (wall, cpu))
+    shown = " / ".join("-" if x is None else f"{x:.2f}x" for x in (wall, cpu))
+    return shown + (f" (n={vs['cost_pairs']})" if vs.get("cost_pairs") else "")
 
 
 def summaries(results: Path) -> list[dict[str, Any]]:
@@ -131,9 +132,14 @@ def verdicts(all_summaries: list[dict[str, Any]]) -> list[str]:
             out.append(f"- {name}, {kind}: {_diff(c)}, cost {_cost(c)}: {verdict}")
     if realistic is None:
         out.append(f"- no run of `{REALISTIC}` yet")
+    from semif_proxy.settings.readouts import BiasCorrections, Readouts
+
     out += [
         "",
-        f"Met by: {', '.join(met)}."
+        f"Met by: {', '.join(met)}. The server's defaults now: readout "
+        f"`{Readouts().describe()}`, bias correction `{BiasCorrections().describe()}` "
+        "(SEMIF_READOUT, SEMIF_BIAS_CORRECTION; settings/defaults.py says which evidence "
+        "chose each)."
         if met
         else "No readout meets the rule yet: the default "
         "stays `letters` with no correction; each readout and correction is opt-in per question, "
@@ -161,13 +167,13 @@ def page(all_summaries: list[dict[str, Any]]) -> str:
     notes = all_summaries[0]["notes"] if all_summaries else []
     out += [f"- {n}" for n in notes]
     out += [
-        "- cost: p50 latency / letters' p50 at the same permutations, over the tasks both "
-        "answered, of wall seconds and of the process's CPU seconds; ECE: 10 equal-width bins "
-        "of the predicted label's probability",
-        "- the cost compares runs as they were made: each at its own load (load1) and, for a "
-        "config run after another in the same process, with the states that one left in the "
-        "prefix cache. It is a like-for-like figure only where load1 matches and the config ran "
-        "first in its process; the verdicts below read accuracy, and cost only as a bound",
+        "- cost: p50 latency / letters' p50 at the same permutations, of wall seconds and of "
+        "the process's CPU seconds, over the tasks both answered from a cold state (`cold` in "
+        "the rows: no prefix held, the prefix cache cleared; the n after it counts them; rows "
+        "from before cold starts count in accuracy, not in cost: `--recold` asks them again); "
+        "ECE: 10 equal-width bins of the predicted label's probability",
+        "- each row is timed at its own load (load1); a run shares the machine with nothing "
+        "else it starts, but what else ran at the time is the operator's",
         "",
     ]
     if not all_summaries:

@@ -179,6 +179,57 @@ def test_a_server_bias_correction_applies_where_none_is_asked(model_path: Path, 
     assert reply.json()["answers"]["refund"]["bias_correction"] == "contextual"
 
 
+def test_yes_no_questions_are_corrected_by_default(model_path: Path, start_app) -> None:
+    """The defaults from the evidence (docs/readouts.md): a yes/no question that names no
+    correction is read exactly as one that asks for `contextual`; choices, scores and decisions
+    are not corrected; SEMIF_BIAS_CORRECTION=none turns it off for every type."""
+    questions = {
+        "refund": {"type": "noul", "instructions": "Is a refund owed?"},
+        "queue": {"type": "choice", "criteria": {"billing": None, "login": None}},
+    }
+    named = {"refund": {**questions["refund"], "bias_correction": "contextual"}}
+    plain = {"refund": {**questions["refund"], "bias_correction": "none"}}
+    server = start_app(model_path)
+    health = server.call("GET", "/health").json()
+    assert health["default_bias_correction"] == {"default": "none", "noul": "contextual"}
+    answers = server.call("POST", "/v1/systemone", system_one(**questions), timeout=120).json()
+    by_name = server.call("POST", "/v1/systemone", system_one(**named), timeout=120).json()
+    uncorrected = server.call("POST", "/v1/systemone", system_one(**plain), timeout=120).json()
+    refund = answers["answers"]["refund"]
+    assert refund["bias_correction"] == "contextual"
+    assert refund["noul"] == by_name["answers"]["refund"]["noul"]
+    assert refund["noul"] != uncorrected["answers"]["refund"]["noul"]
+    assert "bias_correction" not in answers["answers"]["queue"]
+    result = server.call("POST", "/v1/decisions", decision(), timeout=120).json()["result"]
+    assert "bias_correction" not in result
+
+    off = start_app(model_path, {"SEMIF_BIAS_CORRECTION": "none"})
+    assert off.call("GET", "/health").json()["default_bias_correction"] == {"default": "none"}
+    again = off.call("POST", "/v1/systemone", system_one(**questions), timeout=120).json()
+    assert "bias_correction" not in again["answers"]["refund"]
+    assert again["answers"]["refund"]["noul"] == uncorrected["answers"]["refund"]["noul"]
+
+
+@pytest.mark.parametrize(
+    ("value", "noul", "choice"),
+    [
+        (None, "contextual", "none"),
+        ("none", "none", "none"),
+        ("contextual", "contextual", "contextual"),
+        ('{"default": "none"}', "none", "none"),
+        ('{"choice": "contextual"}', "contextual", "contextual"),
+        ('{"noul": "none", "default": "contextual"}', "none", "contextual"),
+    ],
+)
+def test_one_name_or_a_json_default_replaces_the_yes_no_default(
+    value: str | None, noul: str, choice: str
+) -> None:
+    from semif_proxy.settings.readouts import BiasCorrections, parse_bias_corrections
+
+    got = BiasCorrections() if value is None else parse_bias_corrections(value)
+    assert (got.for_type("noul"), got.for_type("choice")) == (noul, choice)
+
+
 def test_a_bad_bias_correction_setting_names_the_variable(tmp_path: Path) -> None:
     from semif_proxy.settings import SettingsError, load_settings
 

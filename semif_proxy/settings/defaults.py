@@ -34,6 +34,13 @@ JSON_LINES_PER_JOB = 16
 DEFAULT_READOUT = "letters"
 DEFAULT_NORMALIZATION = "mean"
 DEFAULT_BIAS_CORRECTION = "none"
+# - the server's bias correction by question type where the evidence chose one (issue #35's
+#   rule, docs/readouts.md): yes/no questions (noul) read with the answers after a content-free
+#   state divided out. On Qwen2.5-Coder-1.5B over JevBench's 74 yes/no tasks, +13.5 pt
+#   [+4.1, +23.0] paired against none, at 1.20x letters' p50 (a new question each time; the
+#   content-free answer is kept per option set, so a question asked again costs ~1.0x).
+#   Choices and scores stay uncorrected: choice +8.6 pt at 1.79x, score's interval reaches 0.
+DEFAULT_BIAS_CORRECTION_BY_TYPE = {"noul": "contextual"}
 # - content-free answers (PMI, contextual bias correction) kept per engine, by option set.
 CONTENT_FREE_CACHE_ENTRIES = 1024
 # - the deliberate readout (issue #35): tokens a question lets the model write before its

@@ -14,7 +14,11 @@ from typing import ClassVar, TypeVar
 
 from pydantic import BaseModel, ConfigDict, model_validator
 
-from semif_proxy.settings.defaults import DEFAULT_BIAS_CORRECTION, DEFAULT_READOUT
+from semif_proxy.settings.defaults import (
+    DEFAULT_BIAS_CORRECTION,
+    DEFAULT_BIAS_CORRECTION_BY_TYPE,
+    DEFAULT_READOUT,
+)
 
 READOUT_NAMES = ("letters", "continuation", "direct", "deliberate")
 BIAS_CORRECTION_NAMES = ("none", "contextual")
@@ -27,6 +31,9 @@ class _PerType(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
     names: ClassVar[tuple[str, ...]] = ()
     what: ClassVar[str] = ""
+    # The built-in value of a type that differs from `default`: a setting of one name, or a
+    # JSON object's `default`, replaces it too (it names every type the object does not).
+    by_type: ClassVar[dict[str, str]] = {}
     default: str
     decision: str | None = None
     noul: str | None = None
@@ -49,9 +56,18 @@ class _PerType(BaseModel):
         value = getattr(self, kind, None)
         return value if value is not None else self.default
 
+    def shown(self) -> dict[str, str]:
+        """`default` and each type that differs from it (/health)."""
+        named = {k: v for k, v in self.model_dump().items() if v and v != self.default}
+        return {"default": self.default, **named}
+
     def describe(self) -> str:
         """One line for the ready log: the default, and each type that differs."""
-        named = [f"{k}={v}" for k, v in self.model_dump().items() if k != "default" and v]
+        named = [
+            f"{k}={v}"
+            for k, v in self.model_dump().items()
+            if k != "default" and v and v != self.default
+        ]
         return ", ".join([self.default, *named])
 
 
@@ -76,7 +92,9 @@ class Readouts(_PerType):
 class BiasCorrections(_PerType):
     names: ClassVar[tuple[str, ...]] = BIAS_CORRECTION_NAMES
     what: ClassVar[str] = "a bias correction"
+    by_type: ClassVar[dict[str, str]] = DEFAULT_BIAS_CORRECTION_BY_TYPE
     default: str = DEFAULT_BIAS_CORRECTION
+    noul: str | None = DEFAULT_BIAS_CORRECTION_BY_TYPE.get("noul")
 
     @classmethod
     def check(cls, kind: str, value: str) -> None:
@@ -96,18 +114,20 @@ def parse_per_type(value: str, model: type[T]) -> T:
     text = value.strip()
     if not text.startswith("{"):
         model.check("default", text.lower())
-        return model(default=text.lower())
+        return model(default=text.lower(), **dict.fromkeys(model.by_type, text.lower()))
     try:
         parsed = json.loads(text)
     except json.JSONDecodeError as exc:
         raise ValueError(f"not JSON: {exc}") from None
-    kinds = [k for k in model.model_fields if k not in ("names", "what")]
+    kinds = [k for k in model.model_fields if k not in ("names", "what", "by_type")]
     for kind, name in parsed.items():
         if kind not in kinds:
             raise ValueError(f"{kind!r} is not a question type (one of {', '.join(kinds)})")
         if not isinstance(name, str):
             raise ValueError(f"{kind}: expected a name, got {name!r}")
         model.check(kind, name.lower())
+    if "default" in parsed:
+        parsed = {**dict.fromkeys(model.by_type, parsed["default"]), **parsed}
     return model(**{k: v.lower() for k, v in parsed.items()})
 
 

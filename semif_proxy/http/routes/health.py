@@ -109,8 +109,8 @@ async def health(request: web.Request) -> web.Response:
     if engine is not None:
         body["model"] = engine.model_info
         settings = app[SETTINGS]
-        body["default_readout"] = settings.readout.model_dump(exclude_none=True)
-        body["default_bias_correction"] = settings.bias_correction.model_dump(exclude_none=True)
+        body["default_readout"] = settings.readout.shown()
+        body["default_bias_correction"] = settings.bias_correction.shown()
         body["prefix_cache"] = {
             "entries": len(engine.cache),
             "bytes": engine.cache.size_bytes,
