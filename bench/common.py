@@ -157,8 +157,11 @@ def progress(done: int, total: int, label: str) -> None:
 def start_server(model: Path, env: dict[str, str | None] | None = None) -> ProxyProcess:
     # The defaults a user gets (threads, CPU sharing, parallel slots), except: contexts large
     # enough for the longest states measured, and a request timeout that lets a 4,000-token
-    # cold state finish on 2 cores (the default 55 s is SageMaker's real-time cut).
+    # cold state finish on 2 cores (the default 55 s is SageMaker's real-time cut), and no
+    # bias correction, as when the results files were measured (yes/no questions are corrected
+    # by default since; bench.readouts measures what the correction changes).
     base: dict[str, str | None] = {
+        "SEMIF_BIAS_CORRECTION": "none",
         "SEMIF_THREADS": None,
         "SM_LLAMA_CPP_PARALLEL": None,
         "SM_LLAMA_CPP_CTX_SIZE": "8192",

@@ -52,7 +52,9 @@ WARM_UP = {
 GOAL_SHARE = 0.7
 GOAL_LATENCY = 1.1
 # Cold requests: no prefix cache; decisions only (no llama-server: nothing here chats).
-SERVER_ENV = {"SEMIF_CHAT": "off", "SEMIF_PREFIX_CACHE_MB": "0"}
+# No bias correction: the yes/no default (contextual) divides the prior out too, and this
+# suite measures the prior.
+SERVER_ENV = {"SEMIF_CHAT": "off", "SEMIF_PREFIX_CACHE_MB": "0", "SEMIF_BIAS_CORRECTION": "none"}
 
 
 def option_ids(task: Task) -> list[str]:

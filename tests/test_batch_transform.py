@@ -196,9 +196,9 @@ def test_a_thousand_lines_in_multirecord_calls(batch_server: ProxyProcess) -> No
     batches = mini_batches(lines, BODY_LIMIT)
     assert len(batches) >= 3, "the file must take several calls"
     # A yes/no question's content-free answer (its default correction) is evaluated the first
-    # time the engine meets the question, in that line's job, before the line's own state: that
-    # line cannot find its state in place. One line per question first, so that every line
-    # below can.
+    # time the engine meets the question, in that line's job, after the line's own state: the
+    # next line of the state cannot find it in place. One line per question first, so that
+    # every line below can.
     warm = {}
     for i, exp in enumerate(expect):
         if exp["kind"] == "systemone":

@@ -105,3 +105,25 @@ def test_expected_with_option_ids_and_bad_rows(tmp_path: Path) -> None:
     bad = tmp_path / "bad.jsonl"
     bad.write_text("{not json\n")
     assert main(["calibrate", "--predictions", str(bad), "--output", str(tmp_path / "o")]) == 2
+
+
+def test_a_corrected_answer_is_calibrated_as_served() -> None:
+    """A contextually corrected answer (yes/no by default) is served as softmax((z - z_cf)/T):
+    a prediction or a rows-log line that carries its content-free logits is fitted on that."""
+    from semif_proxy.api.rows_log import RowsError, parse_row
+    from semif_proxy.calibration.temperature import PredictionError, parse_prediction
+
+    row = {"type": "noul", "option_logits": [3.0, 1.0], "label": 1}
+    assert parse_prediction(row, "l1").logits.tolist() == [3.0, 1.0]
+    free = parse_prediction({**row, "content_free_logits": [4.0, 0.5]}, "l1")
+    assert free.logits.tolist() == [-1.0, 0.5]
+    with pytest.raises(PredictionError, match="content_free_logits"):
+        parse_prediction({**row, "content_free_logits": [4.0]}, "l1")
+
+    line = {"type": "noul", "orders": [[0, 1], [1, 0]], "option_logits": [[3.0, 1.0], [2.0, 2.5]]}
+    assert np.array_equal(parse_row(line, "l1").logits, [[3.0, 1.0], [2.0, 2.5]])
+    line["content_free_logits"] = [[4.0, 0.5], [1.0, 1.0]]
+    assert np.array_equal(parse_row(line, "l1").logits, [[-1.0, 0.5], [1.0, 1.5]])
+    line["content_free_logits"] = [[4.0, 0.5]]
+    with pytest.raises(RowsError, match="content_free_logits"):
+        parse_row(line, "l1")

@@ -516,3 +516,27 @@ def test_calibrate_rows_of_other_readouts_are_skipped_not_mixed_in(tmp_path: Pat
     assert np.asarray(written["position_prior"]["choice"]["4"]) == pytest.approx(PLANTED, abs=0.03)
     assert written["position_prior_fit"]["balanced_rows"] == 60
     assert written["position_prior_fit"]["other_readout_rows"] == 60
+
+
+def test_the_rows_log_holds_what_a_corrected_answer_was_served_from(
+    calibrated: ProxyProcess,
+) -> None:
+    """A yes/no question is corrected by default (content-free logits divided out): its rows
+    log line carries them, and calibration reads the line as the logits served from."""
+    from semif_proxy.api.rows_log import parse_row
+
+    body = {
+        "model": "jev-latest",
+        "state": ROUTING_STATE,
+        "questions": {"cf-noul": {"type": "noul", "instructions": "Is it about billing?"}},
+    }
+    reply = calibrated.call("POST", "/v1/systemone", body)
+    assert reply.status == 200, reply.body
+    answer = reply.json()["answers"]["cf-noul"]
+    assert answer["bias_correction"] == "contextual"
+    [line] = rows_with_id(calibrated, "cf-noul", 1)
+    assert len(line["content_free_logits"]) == len(line["option_logits"]) == 1
+    served = softmax(parse_row(line, "log").logits[0])
+    assert sorted(served) == pytest.approx(sorted([answer["noul"], 1 - answer["noul"]]), abs=1e-9)
+    raw = softmax(line["option_logits"][0])
+    assert sorted(raw) != pytest.approx(sorted(served), abs=1e-3)  # the correction moved it

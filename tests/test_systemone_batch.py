@@ -88,7 +88,8 @@ def test_batch_equals_single_requests_state_by_state(keyed: ProxyProcess) -> Non
     # engine and counted by the request that needed it: asked here first, so that neither the
     # batch nor the single requests below pay (or count) it.
     single = {"model": "jev-latest", "state": STATES[0], "questions": QUESTIONS, "permutations": 2}
-    assert keyed.call("POST", "/v1/systemone", single, auth()).status == 200
+    first = keyed.call("POST", "/v1/systemone", single, auth())
+    assert first.status == 200
     reply = keyed.call(
         "POST",
         "/v1/systemone/batch",
@@ -121,6 +122,9 @@ def test_batch_equals_single_requests_state_by_state(keyed: ProxyProcess) -> Non
         "input_tokens": sum(s["usage"]["input_tokens"] for s in singles),
         "output_tokens": 0,
     }
+    # The first request counted the content-free prompts it evaluated; the same one asked
+    # again, with them cached, does not.
+    assert first.json()["usage"]["input_tokens"] > singles[0]["usage"]["input_tokens"]
     timing = body["semif"]["states"][0]["timing"]
     assert timing["mode"] == "shared_prefix"
     assert len(body["semif"]["states"][0]["questions"]["tone"]["rotations"]) == 2

@@ -164,6 +164,13 @@ def question_line(
         "prompt_sha256": prompt_sha256(runs[0].prompt),
         "prompt_version": runs[0].prompt_version,
         "position_prior": runs[0].question.position_prior,
+        # A contextually corrected question (yes/no by default) is served from z - z_cf: the
+        # content-free logits of each order, divided out when the log is read for calibration.
+        **(
+            {"content_free_logits": [[float(v) for v in s.content_free_logits] for s in runs]}
+            if all(s.content_free_logits is not None for s in runs)
+            else {}
+        ),
     }
 
 
@@ -190,6 +197,15 @@ def parse_row(line: dict[str, Any], where: str) -> RotatedRow | None:
         )
     if not np.isfinite(array).all():
         raise RowsError(f"{where}: option_logits must be finite")
+    free = line.get("content_free_logits")
+    if free is not None:
+        try:
+            free_array = np.asarray(free, dtype=np.float64)
+        except (TypeError, ValueError):
+            raise RowsError(f"{where}: content_free_logits must be lists of numbers") from None
+        if free_array.shape != array.shape or not np.isfinite(free_array).all():
+            raise RowsError(f"{where}: content_free_logits must match option_logits")
+        array = array - free_array  # what was served: the content-free answer divided out
     if not all(isinstance(o, list) and all(isinstance(i, int) for i in o) for o in orders):
         raise RowsError(f"{where}: orders must be lists of option indices")
     model = line.get("model")

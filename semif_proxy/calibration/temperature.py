@@ -55,7 +55,15 @@ def parse_prediction(row: dict[str, Any], where: str) -> Prediction:
             f"{where}: label must be an option index in [0, {len(logits)}) "
             "(or give expected + option_ids)"
         )
-    return Prediction(kind, np.asarray(logits, dtype=np.float64), label)
+    z = np.asarray(logits, dtype=np.float64)
+    free = row.get("content_free_logits")
+    if free is not None:
+        # A contextually corrected answer is served as softmax((z - z_cf) / T): the
+        # temperature is fitted on what is served (yes/no questions are corrected by default).
+        if not isinstance(free, list) or len(free) != len(logits):
+            raise PredictionError(f"{where}: content_free_logits must match option_logits")
+        z = z - np.asarray(free, dtype=np.float64)
+    return Prediction(kind, z, label)
 
 
 def read_predictions(path: Path) -> list[Prediction]:

@@ -97,11 +97,9 @@ class BiasCorrection:
         for (i, n), k in wanted.items():
             if k not in missing and self.content_free.get(k) is None:
                 missing[k] = content_free(questions[i], n)
-        # The content-free prompts first: the state asked about is then the prefix held after
-        # the job, and the next request on it (a JSON Lines body's next line) reuses it.
-        evaluation = self._evaluate([*missing.values(), *questions])
-        rows = evaluation.scored[len(missing) :]
-        fresh = dict(zip(missing, evaluation.scored[: len(missing)]))
+        evaluation = self._evaluate([*questions, *missing.values()])
+        rows = evaluation.scored[: len(questions)]
+        fresh = dict(zip(missing, evaluation.scored[len(questions) :]))
         for k, row in fresh.items():
             self.content_free.put(k, row.option_logits)
         held = {k: fresh[k].option_logits if k in fresh else self.content_free.get(k) for k in

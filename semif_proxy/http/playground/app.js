@@ -150,7 +150,8 @@ function readoutFields() {
     if (budget) fields.deliberation_tokens = Number(budget);  // empty: the server's default
     fields.return_reasoning = true;
   }
-  if ($("#contextual").checked) fields.bias_correction = "contextual";
+  const bias = $("#bias-correction").value;
+  if (bias) fields.bias_correction = bias;  // empty: the server's default
   return fields;
 }
 
