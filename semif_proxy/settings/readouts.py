@@ -63,12 +63,7 @@ class _PerType(BaseModel):
 
     def describe(self) -> str:
         """One line for the ready log: the default, and each type that differs."""
-        named = [
-            f"{k}={v}"
-            for k, v in self.model_dump().items()
-            if k != "default" and v and v != self.default
-        ]
-        return ", ".join([self.default, *named])
+        return ", ".join(f"{k}={v}" if k != "default" else v for k, v in self.shown().items())
 
 
 T = TypeVar("T", bound=_PerType)
@@ -119,7 +114,7 @@ def parse_per_type(value: str, model: type[T]) -> T:
         parsed = json.loads(text)
     except json.JSONDecodeError as exc:
         raise ValueError(f"not JSON: {exc}") from None
-    kinds = [k for k in model.model_fields if k not in ("names", "what", "by_type")]
+    kinds = list(model.model_fields)  # the types and `default` (ClassVars are no fields)
     for kind, name in parsed.items():
         if kind not in kinds:
             raise ValueError(f"{kind!r} is not a question type (one of {', '.join(kinds)})")
