@@ -56,7 +56,7 @@ from bench.common import (
     summary,
 )
 from bench.floor import floor_decision
-from bench.stock import LAYOUTS, StockServer, default_layout
+from bench.stock import LAYOUTS, StockServer, layout_of
 
 PROXY = "proxy"
 PLACEHOLDER = "STATE-PLACEHOLDER-5c1e"
@@ -305,9 +305,13 @@ def run(
     chat_tokens: int = 32,
     stock_layouts: str = "same",
 ) -> dict[str, Any]:
-    layouts = [default_layout()] if stock_layouts == "same" else list(LAYOUTS)
     load = {"start": list(os.getloadavg())}
     proxy = start_server(model)
+    # The proxy's own layout (SEMIF_REPACK=auto, measured at its start): "same" gives the
+    # stock server that one.
+    repack = (get_json(proxy.url + "/health").get("model") or {}).get("repack") or {}
+    proxy_layout = layout_of(bool(repack.get("on")))
+    layouts = [proxy_layout] if stock_layouts == "same" else list(LAYOUTS)
     stock = [StockServer(model, layout, parallel=n_clients, ctx=8192) for layout in layouts]
     try:
         for server in stock:
@@ -345,7 +349,7 @@ def run(
         "chat_tokens": chat_tokens,
         "stock_layouts": stock_layouts,
         "proxy": {
-            "layout": default_layout(),
+            "layout": proxy_layout,
             "repack": (health.get("model") or {}).get("repack"),
             "cpu": health.get("cpu"),
             "llama_server_split": health.get("llama_server_split"),

@@ -402,8 +402,10 @@ def table(results: Path = RESULTS) -> str:
         "for (context: the engine's / each llama-server's); \"second's own\" is what the "
         "second llama-server holds privately (what starting it costs). MiB. Repacked, each "
         "process keeps its own copy of the weights in the CPU backend's layouts; unrepacked, "
-        "they all read the one mmap'ed file. `SEMIF_REPACK=auto` is off on an x86 CPU without "
-        "AMX, such as this one.",
+        "they all read the one mmap'ed file. `SEMIF_REPACK=auto` now measures both layouts at "
+        "start-up and keeps the unrepacked one unless the repacked one is at least 1.10x "
+        "faster (docs/operations.md); on the CPU these rows were measured on (no AMX) its rule "
+        "then was off, and unrepacked prefilled Qwen2.5-1.5B 1.25x faster there.",
         "",
         "| model | context | sharing | repack | proxy | llama-server | second llama-server | all "
         "| weights + KV | ratio | second's own |",

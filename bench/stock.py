@@ -28,13 +28,6 @@ def layout_of(on: bool) -> str:
     return LAYOUTS[0] if on else LAYOUTS[1]
 
 
-def default_layout() -> str:
-    """The layout a default server (SEMIF_REPACK=auto) runs on this machine."""
-    from semif_proxy.settings import repack_choice
-
-    return layout_of(repack_choice("auto").on)
-
-
 def binary() -> Path:
     from semif_proxy.engine import native
 

@@ -72,17 +72,22 @@ def engine(model_path: Path) -> native.Engine:
 
 
 @contextlib.contextmanager
-def running_llama_server(model: Path, ctx_size: int = 2048) -> Iterator[str]:
+def running_llama_server(
+    model: Path, ctx_size: int = 2048, repack: bool | None = None
+) -> Iterator[str]:
     """A real llama-server (loopback, free port) set up like our engine: flash attention off
-    and the engine's weight layout (SEMIF_REPACK's default on this machine: a repacked Q4_K
-    model computes slightly different numbers), so its next-token distribution can be compared
-    with ours."""
+    and the engine's weight layout (`repack`; None: the one SEMIF_REPACK=auto chooses for an
+    engine of engine_settings() on this machine: a repacked Q4_K model computes slightly
+    different numbers), so its next-token distribution can be compared with ours."""
     import asyncio
 
+    from semif_proxy.cpu.plan import memory_room
+    from semif_proxy.engine.layout import resolve_now
     from semif_proxy.llama_server.supervisor import LlamaServer
-    from semif_proxy.settings import repack_choice
 
-    layout = [] if repack_choice("auto").on else ["--no-repack"]
+    if repack is None:
+        repack = resolve_now(engine_settings(model), 2, 1, memory_room()).choice.on
+    layout = [] if repack else ["--no-repack"]
 
     binary = native.llama_server_path()
     assert binary is not None

@@ -234,6 +234,11 @@ def test_the_image_serves_decisions_on_the_bases_backends(
     assert result["option_ids"] == ["billing", "account_access", "shipping"]
     assert math.isclose(sum(result["probabilities"]), 1.0, abs_tol=1e-6)
     assert result["model"]["llama_cpp_build"] == 11312
+    # SEMIF_REPACK=auto timed both layouts on the base's backends (on an AMX Xeon the base's
+    # repacked kernels die of SIGILL: that trial failed, and its layout was not chosen).
+    repack = result["model"]["repack"]
+    assert repack["setting"] == "auto" and set(repack["measured"]) == {"on", "off"}
+    assert repack["measured"]["on" if repack["on"] else "off"]["failed"] is None, repack
     # The serving process computes with the base's own libllama and loadable CPU backend.
     assert image.proc is not None
     for prefix in ("libllama.so", "libggml-cpu"):

@@ -236,7 +236,8 @@ def test_qwen_decisions_equal_llama_server_in_every_option_order(
 ) -> None:
     """What the routing check below measures is the model, not our engine: in every order of
     the options, our probabilities and logits are llama-server's own letter distribution."""
-    with running_llama_server(qwen_path) as url:
+    repack = qwen_engine.model_info["repack"]["on"]
+    with running_llama_server(qwen_path, repack=repack) as url:
         for order in itertools.permutations(OPTIONS):
             d = decision(options=list(order))
             [result], _ = decide(qwen_engine, [d.model_copy(update={"return_prompt": True})], ["d"])

@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from semif_proxy.cpu.plan import memory_room
 from semif_proxy.engine import exactness, label_tree, native
 from semif_proxy.engine.bias import BiasCorrection, ContentFreeCache
 from semif_proxy.engine.checks import TokenChecks
@@ -26,6 +27,8 @@ from semif_proxy.engine.deliberate import DeliberateScoring
 from semif_proxy.engine.exactness import ExactnessCheck
 from semif_proxy.engine.injection import SpecialTokenPolicy
 from semif_proxy.engine.jobs import EngineJobs
+from semif_proxy.engine.layout import Layout
+from semif_proxy.engine.layout import resolve_now as resolve_layout
 from semif_proxy.engine.prefix_cache import PrefixCache
 from semif_proxy.engine.prompt import (
     NUMBER_LABELS,
@@ -47,7 +50,7 @@ from semif_proxy.engine.scoring import GroupScoring
 from semif_proxy.engine.thread import EngineThread
 from semif_proxy.errors import Cancelled, EngineFailure, PayloadTooLarge, Unavailable
 from semif_proxy.model.files import model_sha256
-from semif_proxy.settings import RepackChoice, Settings, repack_choice
+from semif_proxy.settings import Settings, repack_choice
 from semif_proxy.settings.defaults import CONTENT_FREE_CACHE_ENTRIES
 
 log = logging.getLogger("semif_proxy.engine")
@@ -67,7 +70,7 @@ class DecisionEngine(
         settings: Settings,
         sha256: str,
         thread: EngineThread | None = None,
-        repack: RepackChoice | None = None,
+        layout: Layout | None = None,
     ) -> None:
         self.core = core
         # Every forward pass on one thread (thread.py), this constructor's own check too.
@@ -161,28 +164,37 @@ class DecisionEngine(
         }
         # Weight repacking as the core was loaded with it (SEMIF_REPACK; llama-server likewise)
         # and why: in the "decision engine ready" line and /health.
-        repack = repack or repack_choice(settings.repack)
-        self.model_info["repack"] = {"on": repack.on, "setting": settings.repack, "why": repack.why}
+        layout = layout or Layout(repack_choice(settings.repack))
+        self.model_info["repack"] = {"setting": settings.repack, **layout.as_dict()}
 
     # -- lifecycle ---------------------------------------------------------------------------
 
     @classmethod
     def load(
-        cls, settings: Settings, threads: int | None = None, thread: EngineThread | None = None
+        cls,
+        settings: Settings,
+        threads: int | None = None,
+        thread: EngineThread | None = None,
+        layout: Layout | None = None,
     ) -> DecisionEngine:
         """Load on `thread` (a new one when None, owned by the engine), where the engine will
-        run: model load, self-check and every decision on one thread."""
+        run: model load, self-check and every decision on one thread. `layout`: the weights'
+        layout as the server chose it for every process (None: chosen here, for this engine
+        alone; SEMIF_REPACK=auto measures, engine/layout.py)."""
+        n_threads = threads or settings.thread_plan.engine
+        if layout is None:
+            layout = resolve_layout(settings, n_threads, processes=1, room=memory_room())
         if settings.backend_dir is not None:
             native.load_backends(settings.backend_dir)
         owned = thread is None
         on = thread or EngineThread()
-        repack = repack_choice(settings.repack)
+        repack = layout.choice
 
         def build() -> DecisionEngine:
             core = native.Engine(
                 str(settings.model_path),
                 n_ctx=settings.n_ctx,
-                n_threads=threads or settings.thread_plan.engine,
+                n_threads=n_threads,
                 n_gpu_layers=settings.n_gpu_layers,
                 n_seq=settings.n_parallel,
                 n_batch=settings.n_batch,
@@ -190,7 +202,7 @@ class DecisionEngine(
                 repack=repack.on,
             )
             # Hashed once the file has loaded: a file that is no model is not read in full.
-            engine = cls(core, settings, model_sha256(settings.model_path), on, repack)
+            engine = cls(core, settings, model_sha256(settings.model_path), on, layout)
             engine._owns_thread = owned
             return engine
 
@@ -202,8 +214,12 @@ class DecisionEngine(
             raise
 
     @classmethod
-    async def start(cls, settings: Settings, threads: int | None = None) -> DecisionEngine:
-        return await asyncio.get_running_loop().run_in_executor(None, cls.load, settings, threads)
+    async def start(
+        cls, settings: Settings, threads: int | None = None, layout: Layout | None = None
+    ) -> DecisionEngine:
+        return await asyncio.get_running_loop().run_in_executor(
+            None, cls.load, settings, threads, None, layout
+        )
 
     def close(self) -> None:
         if self._owns_thread:

@@ -46,7 +46,9 @@ def create_app(settings: Settings, on_fatal: Callable[[], None] | None = None) -
     app[STARTUP] = Startup(on_fatal=on_fatal or (lambda: None))
     app[DECISION_ADMISSION] = Admission("decision", settings.max_in_flight, settings.max_queue)
     app[CHAT_ADMISSION] = Admission("chat", settings.max_in_flight, settings.max_queue)
-    app.cleanup_ctx.extend([lifecycle.upstream_ctx, lifecycle.engine_ctx, lifecycle.llama_ctx])
+    app.cleanup_ctx.extend(
+        [lifecycle.upstream_ctx, lifecycle.layout_ctx, lifecycle.engine_ctx, lifecycle.llama_ctx]
+    )
     health.register_gauges(app)
     app.router.add_get("/ping", health.ping)
     app.router.add_get("/health", health.health)

@@ -17,6 +17,7 @@ from semif_proxy.http.metrics import Metrics
 from semif_proxy.settings import Settings
 
 if TYPE_CHECKING:
+    from semif_proxy.engine.layout import Layout
     from semif_proxy.engine.worker import DecisionEngine
 
 
@@ -43,9 +44,20 @@ class EngineSlot:
     load_over: asyncio.Event = field(default_factory=asyncio.Event)
 
 
+@dataclass
+class LayoutSlot:
+    """The weights' layout (SEMIF_REPACK) for this start, decided once before anything loads
+    (with `auto` by a measurement in throw-away children: engine/layout.py); the engine and
+    every llama-server wait for it and obey it."""
+
+    layout: Layout | None = None
+    decided: asyncio.Event = field(default_factory=asyncio.Event)
+
+
 SETTINGS = web.AppKey("settings", Settings)
 METRICS = web.AppKey("metrics", Metrics)
 ENGINE = web.AppKey("engine", EngineSlot)
+LAYOUT = web.AppKey("layout", LayoutSlot)
 LLAMA = web.AppKey("llama_server", "LlamaServer | None")
 # SEMIF_CPU_SHARING=dynamic's second llama-server (part of the threads), else None.
 LLAMA_SECOND = web.AppKey("llama_server_split", "LlamaServer | None")

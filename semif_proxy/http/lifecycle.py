@@ -1,7 +1,7 @@
-"""What the application starts and stops (its aiohttp `cleanup_ctx` entries): the decision
-engine, the supervised llama-server children (one, or two under CPU sharing dynamic)
-and the HTTP client session to them. Both slow loads
-run in the background, so the port opens at once and /ping says 503 until they are ready; a
+"""What the application starts and stops (its aiohttp `cleanup_ctx` entries): the weights'
+layout for every process, the decision engine, the supervised llama-server children (one, or
+two under CPU sharing dynamic) and the HTTP client session to them. The slow steps run in the
+background, so the port opens at once and /ping says 503 until they are ready; a
 load that fails records why and calls the start-up's `on_fatal` (the CLI ends the process)."""
 
 from __future__ import annotations
@@ -16,10 +16,12 @@ from aiohttp import web
 
 from semif_proxy.cpu.plan import memory_room, private_bytes, second_server_fits
 from semif_proxy.engine import native
+from semif_proxy.engine.layout import Layout, resolve
 from semif_proxy.engine.worker import DecisionEngine
 from semif_proxy.http.keys import (
     CPU_POLICY,
     ENGINE,
+    LAYOUT,
     LLAMA,
     LLAMA_SECOND,
     SETTINGS,
@@ -27,6 +29,7 @@ from semif_proxy.http.keys import (
     THREAD_PLAN,
     UPSTREAM,
     EngineSlot,
+    LayoutSlot,
 )
 from semif_proxy.llama_server.args import with_defaults
 from semif_proxy.llama_server.supervisor import LlamaServer, LlamaServerError, Supervision
@@ -42,9 +45,45 @@ def _fatal(app: web.Application, what: str, exc: BaseException) -> None:
     app[STARTUP].on_fatal()
 
 
+async def _decide_layout(app: web.Application) -> None:
+    """SEMIF_REPACK for the engine and every llama-server, before either loads: with `auto`,
+    both layouts timed in throw-away children (engine/layout.py) unless a measurement of this
+    build, model, CPU and thread count is kept. Nothing else computes meanwhile."""
+    settings, plan = app[SETTINGS], app[THREAD_PLAN]
+    servers = (1 + int(app[CPU_POLICY].second_server)) if settings.chat else 0
+    processes = int(settings.decisions) + servers  # each holds its own copy if repacked
+    threads = plan.engine if settings.decisions else (plan.llama_server or plan.engine)
+    slot = app[LAYOUT]
+    try:
+        slot.layout = await resolve(settings, threads, processes, memory_room())
+    except Exception as exc:  # the rule still decides: a failed measurement stops nothing
+        log.exception("the weights' layout could not be measured")
+        rule = repack_choice(settings.repack)
+        slot.layout = Layout(rule._replace(why=f"{rule.why} (not measured: {exc})"))
+    finally:
+        slot.decided.set()
+    layout = slot.layout.as_dict()
+    log.info(
+        f"weights layout: repack {'on' if layout['on'] else 'off'}: {layout['why']}",
+        extra={"event": "weights_layout", "setting": settings.repack, **layout},
+    )
+
+
+async def layout_ctx(app: web.Application) -> AsyncIterator[None]:
+    app[LAYOUT] = LayoutSlot()
+    task = asyncio.create_task(_decide_layout(app))
+    yield
+    if not task.done():
+        task.cancel()  # a measuring child is killed
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
 async def _load_engine(app: web.Application) -> None:
     try:
-        engine = await DecisionEngine.start(app[SETTINGS], app[THREAD_PLAN].engine)
+        await app[LAYOUT].decided.wait()
+        layout = app[LAYOUT].layout
+        engine = await DecisionEngine.start(app[SETTINGS], app[THREAD_PLAN].engine, layout)
     except Exception as exc:  # any load failure ends the process: nothing to serve
         _fatal(app, "the decision engine", exc)
         return
@@ -116,6 +155,16 @@ async def _start_all(app: web.Application, servers: list[LlamaServer]) -> None:
     one is healthy and the engine loaded (side by side, each load would slow the others and
     /ping would say 200 later), and only if the memory left holds it."""
     main, *rest = servers
+    await app[LAYOUT].decided.wait()
+    layout = app[LAYOUT].layout
+    repack = layout.choice.on if layout is not None else True
+    settings, plan = app[SETTINGS], app[THREAD_PLAN]
+    # Weight repacking as the engine loads: off, every process reads the one mmap'ed copy.
+    main.extra_args = with_defaults(settings.llama_server_args, plan.llama_server, repack)
+    for split in rest:
+        split.extra_args = with_defaults(
+            settings.llama_server_args, plan.llama_server_split, repack
+        )
     if not await _after_the_engine(app):
         return
     if not await _start_llama(app, main, second=False) or not rest:
@@ -157,11 +206,8 @@ async def llama_ctx(app: web.Application) -> AsyncIterator[None]:
             probe_timeout=settings.health_timeout,
             max_failed_probes=settings.max_failed_probes,
         )
-        # Weight repacking as the engine loads (SEMIF_REPACK): off, every process reads the
-        # one mmap'ed copy of the weights.
-        repack = repack_choice(settings.repack).on
-        args = with_defaults(settings.llama_server_args, plan.llama_server, repack)
-        server = LlamaServer(binary, settings.model_path, settings.upstream_port, args, supervision)
+        # Its arguments are set once the weights' layout is decided (_start_all).
+        server = LlamaServer(binary, settings.model_path, settings.upstream_port, [], supervision)
         app[LLAMA] = server  # "waiting"/"starting": /ping says 503 until it is healthy
         servers.append(server)
         policy = app[CPU_POLICY]
@@ -173,10 +219,9 @@ async def llama_ctx(app: web.Application) -> AsyncIterator[None]:
         policy.attach(server=server)
         if policy.second_server:
             # The same model file: the weights are mmap'ed once; each has its own KV cache.
-            split_args = with_defaults(settings.llama_server_args, plan.llama_server_split, repack)
             assert settings.second_upstream_port is not None  # planned only with a port
             split = LlamaServer(
-                binary, settings.model_path, settings.second_upstream_port, split_args, supervision
+                binary, settings.model_path, settings.second_upstream_port, [], supervision
             )
             app[LLAMA_SECOND] = split
             servers.append(split)

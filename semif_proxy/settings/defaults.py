@@ -48,3 +48,22 @@ CONTENT_FREE_CACHE_ENTRIES = 1024
 #   (SEMIF_MAX_DELIBERATION_TOKENS; every generated token is one forward pass).
 DEFAULT_DELIBERATION_TOKENS = 64
 DEFAULT_MAX_DELIBERATION_TOKENS = 256
+# - SEMIF_REPACK=auto (engine/layout.py): each layout of the weights loaded and timed in a
+#   throw-away child on the machine it runs on: a prompt of this many tokens prefilled (the
+#   decisions' work) and this many tokens generated (chat's), each timed this many times, the
+#   best kept; a child that has not answered within the timeout has failed.
+LAYOUT_PROBE_PREFILL_TOKENS = 128
+LAYOUT_PROBE_GENERATE_TOKENS = 8
+LAYOUT_PROBE_REPEATS = 2
+LAYOUT_PROBE_TIMEOUT_S = 180.0
+# - the repacked layout is chosen only where it is at least this much faster (prefill, or
+#   generation when chat is on): below it the unrepacked layout, whose one mmap'ed copy of the
+#   weights every process shares, wins. Repeated runs of one layout on these 2-core VMs spread
+#   by about 7 %, so a smaller measured gain may be noise.
+LAYOUT_GAIN_MIN = 1.10
+# - where memory is tight (every process's repacked copy would take over half the memory left
+#   at start-up), only a gain of at least this much buys the copies.
+LAYOUT_GAIN_LARGE = 1.5
+# - a repacked layout that holds less than this share of the model file (and 16 MiB) of its own
+#   repacked nothing: the model has no tensor type with a repacked layout on this CPU.
+LAYOUT_REPACKED_SHARE_MIN = 0.05

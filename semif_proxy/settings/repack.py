@@ -1,5 +1,6 @@
-"""SEMIF_REPACK resolved for the machine it runs on: the weights' layout that the engine and
-every llama-server obey together."""
+"""SEMIF_REPACK's rule: the weights' layout that the engine and every llama-server obey
+together where it is not measured. `auto` is measured at start-up (engine/layout.py); this rule
+decides with layers on a GPU, and where neither layout could be measured."""
 
 from __future__ import annotations
 

@@ -95,9 +95,10 @@ class Settings(BaseModel):
     backend_dir: Path | None = None
     # Weight repacking (llama.cpp's --repack), for the engine and every llama-server together.
     # on: each process keeps a private copy of the weights in the CPU backend's interleaved
-    # layouts; off: all of them read the one mmap'ed file. auto: off on every x86 CPU (faster
-    # without AMX, bench/results/repack-*.json; with AMX the repacked kernels crashed a
-    # llama-server, settings/repack.py), llama.cpp's default (on) elsewhere.
+    # layouts; off: all of them read the one mmap'ed file. auto: both layouts timed at start-up
+    # in throw-away children (a crash rules one out), repacked only where measurably faster
+    # and the copies fit, the measurement kept per build, model, CPU and threads
+    # (docs/operations.md, "The weights' layout"); with GPU layers, settings/repack.py's rule.
     repack: Literal["auto", "on", "off"] = "auto"
     temperature: Temperature = Temperature()
     # Fitted position priors (`semif-proxy calibrate --rows`), read with the temperatures.
