@@ -56,6 +56,20 @@ def qwen15_path() -> Path:
     return Path(path)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def layout_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """SEMIF_REPACK=auto keeps its measurements under XDG_CACHE_HOME (engine/layout_cache.py):
+    the run's own folder, never the user's home, so every run measures what it runs. Both xdist
+    workers share it (their base folders have one parent; the first to finish a measurement
+    keeps it), and pytest removes it with its old base folders."""
+    base = tmp_path_factory.getbasetemp()
+    root = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    folder = root / "layout-cache"
+    folder.mkdir(exist_ok=True)
+    os.environ["XDG_CACHE_HOME"] = str(folder)
+    return folder
+
+
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_tiny_model(tmp_path_factory.mktemp("tiny") / "tiny.gguf")

@@ -197,7 +197,15 @@ def test_an_interrupted_run_resumes_without_asking_again(tight, tmp_path):
     log = tmp_path / "results.json.rows.jsonl"
     command = eval_command(rows, tight.url, out, "--html", str(html))
     before = len(decisions_seen(tight))
-    first = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    # Ctrl-C as a terminal delivers it: a run started in the background by a shell without job
+    # control (`cmd &`, nohup) inherits SIGINT ignored, and Python then keeps it ignored.
+    first = subprocess.Popen(
+        command,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     try:
         wait_for(lambda: len(record_lines(log)) >= 5, 120, "five answers in the rows file")
         first.send_signal(signal.SIGINT)  # Ctrl-C

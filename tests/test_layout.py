@@ -14,16 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from semif_proxy.engine.layout import (
-    MIB,
-    PROBE_COMMAND,
-    LayoutRun,
-    cache_dir,
-    decide,
-    measured_runs,
-    probe,
-)
+from semif_proxy.engine.layout import MIB, decide, measured_runs
+from semif_proxy.engine.layout_cache import cache_dir
+from semif_proxy.engine.layout_trial import PROBE_COMMAND, LayoutRun, probe
 from semif_proxy.settings.defaults import LAYOUT_GAIN_LARGE, LAYOUT_GAIN_MIN
+from semif_proxy.testing.server import wait_for
 from tests.conftest import StartProxy
 from tests.test_repack import QWEN_CACHE, _llama_servers
 
@@ -31,7 +26,13 @@ GIB = 1 << 30
 
 
 def _run(repack: bool, prefill: float, generate: float | None, anon_mib: float) -> LayoutRun:
-    return LayoutRun(repack, None, prefill, generate, int(anon_mib * MIB), 1.0)
+    return LayoutRun(
+        repack,
+        prefill_tokens_per_s=prefill,
+        generate_tokens_per_s=generate,
+        anon_bytes=int(anon_mib * MIB),
+        load_seconds=1.0,
+    )
 
 
 # -- the choice from two measurements -------------------------------------------------------------
@@ -47,6 +48,8 @@ def test_a_layout_that_failed_is_never_chosen() -> None:
     assert choice is not None and not choice.on and "signal 4" in choice.why
     choice = _decide(LayoutRun(False, failed="exit 1: boom"), good_on)
     assert choice is not None and choice.on and "exit 1: boom" in choice.why
+    # ... unless its copies (3 x 800 MiB here) would not fit: then nothing is known to run.
+    assert _decide(LayoutRun(False, failed="exit 1: boom"), good_on, room=2 * GIB) is None
     assert _decide(LayoutRun(False, failed="x"), LayoutRun(True, failed="y")) is None
 
 
@@ -84,7 +87,7 @@ def test_where_memory_is_tight_only_a_large_gain_buys_the_copies() -> None:
     roomy = _decide(off, rep, room=20 * GIB)
     tight = _decide(off, rep, room=4 * GIB)  # the copies would take over half
     assert roomy is not None and roomy.on
-    assert tight is not None and not tight.on and "over half" in tight.why
+    assert tight is not None and not tight.on and "over 50% of the 4096 MiB" in tight.why
     fast = _run(True, 40 * 2.0, 20, 800)
     assert _decide(off, fast, room=4 * GIB).on  # type: ignore[union-attr]
     assert not _decide(off, fast, room=2 * GIB).on  # type: ignore[union-attr]  # cannot fit
@@ -110,21 +113,31 @@ def test_both_layouts_of_the_default_model_are_timed_in_children(model_path: Pat
     assert choice is not None and not choice.on
 
 
-def test_a_repacked_qwen_holds_a_copy_of_its_own() -> None:
-    """Q4_K weights have repacked layouts (AVX2 and up): the repacked child holds much of the
-    file again in anonymous memory (Qwen2.5-1.5B: 765 MiB private in a repacked llama-server,
-    the issue's figure, against 169 MiB unrepacked), the unrepacked one reads the mmap'ed file.
-    The 0.5B repacks little (its 896-wide rows fall back to types without such a layout)."""
-    big = QWEN_CACHE / "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"
-    small = QWEN_CACHE / "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"
-    model = big if big.is_file() else small
-    if not model.is_file():
-        pytest.skip("no Qwen2.5 model in the cache")
+def _repacked_copy(model: Path) -> int:
     off = asyncio.run(probe(model, 2, False))
     on = asyncio.run(probe(model, 2, True))
     assert off.failed is None and on.failed is None
-    extra = (on.anon_bytes or 0) - (off.anon_bytes or 0)
-    assert extra > (0.4 * model.stat().st_size if model == big else 16 * MIB), (on, off)
+    return (on.anon_bytes or 0) - (off.anon_bytes or 0)
+
+
+def test_a_repacked_qwen_holds_a_copy_of_its_own() -> None:
+    """Q4_K weights have repacked layouts (AVX2 and up): the repacked child holds a copy in
+    anonymous memory, the unrepacked one reads the mmap'ed file. The 0.5B repacks little (its
+    896-wide rows fall back to types without such a layout): 28 MiB on an AMX Xeon."""
+    model = QWEN_CACHE / "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"
+    if not model.is_file():
+        pytest.skip("no Qwen2.5-0.5B in the cache")
+    assert _repacked_copy(model) > 16 * MIB
+
+
+@pytest.mark.slow
+def test_a_repacked_qwen_15b_holds_most_of_the_file_again() -> None:
+    """Qwen2.5-1.5B: 765 MiB private in a repacked llama-server against 169 MiB unrepacked (the
+    issue's figure); 597 MiB more in the repacked child on an AMX Xeon."""
+    model = QWEN_CACHE / "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"
+    if not model.is_file():
+        pytest.skip("no Qwen2.5-1.5B in the cache (make model-qwen15)")
+    assert _repacked_copy(model) > 0.4 * model.stat().st_size
 
 
 @pytest.fixture
@@ -151,22 +164,37 @@ def test_a_child_that_dies_disqualifies_its_layout(
     assert choice is not None and not choice.on and "signal 4" in choice.why
 
 
+def _running(argv: list[bytes]) -> list[int]:
+    """The processes whose argv starts with `argv`."""
+    found = []
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            if (proc / "cmdline").read_bytes().split(b"\0")[: len(argv)] == argv:
+                found.append(int(proc.name))
+        except OSError:
+            pass
+    return found
+
+
 def test_a_silent_child_is_killed_at_the_timeout(model_path: Path, tmp_path: Path) -> None:
+    token = f"{os.getpid()}.{time.monotonic_ns() % 10**6}"  # this test's own sleep
     script = tmp_path / "stall.sh"
-    script.write_text("#!/bin/sh\nexec sleep 60\n")
+    script.write_text(f"#!/bin/sh\nexec sleep {token}\n")
     script.chmod(0o755)
     start = time.monotonic()
     run = asyncio.run(probe(model_path, 1, False, command=(str(script),), timeout=1.0))
-    assert run.failed == "no answer within 1 s"
+    assert run.failed == "no answer within 1 s" and not run.lasting
     assert time.monotonic() - start < 10
-    assert not [p for p in Path("/proc").glob("[0-9]*") if _is_sleep_of(p, script)]
+    assert not _running([b"sleep", token.encode()])
 
 
-def _is_sleep_of(proc: Path, script: Path) -> bool:
-    try:
-        return (proc / "cmdline").read_bytes().split(b"\0")[:2] == [b"sleep", b"60"]
-    except OSError:
-        return False
+def test_output_that_is_no_measurement_fails_the_trial(model_path: Path, tmp_path: Path) -> None:
+    for line in ("[1, 2]", '{"prefill_tokens_per_s": "fast"}', '{"prefill_tokens_per_s": -1}'):
+        script = tmp_path / "odd.sh"
+        script.write_text(f"#!/bin/sh\necho '{line}'\n")
+        script.chmod(0o755)
+        run = asyncio.run(probe(model_path, 1, False, command=(str(script),)))
+        assert run.failed == "no measurement in its output", line
 
 
 def test_the_measurement_is_kept_per_model_file(
@@ -177,14 +205,19 @@ def test_the_measurement_is_kept_per_model_file(
     shutil.copy(tiny_model, model)
     off, on, cached = asyncio.run(measured_runs(model, 1))
     assert not cached and off.failed is None and on.failed is None
-    [kept] = list(cache_dir().glob("*.json"))
+    folder = cache_dir()
+    assert folder is not None
+    [kept] = list(folder.glob("*.json"))
     assert json.loads(kept.read_text())["off"]["prefill_tokens_per_s"] == off.prefill_tokens_per_s
     again = asyncio.run(measured_runs(model, 1, command=("false",)))  # would fail if run
     assert again == (off, on, True)
     os.utime(model, ns=(time.time_ns(), time.time_ns() + 10**9))  # another file: measured
     assert asyncio.run(measured_runs(model, 1))[2] is False
     assert asyncio.run(measured_runs(model, 2))[2] is False  # another thread count
-    assert len(list(cache_dir().glob("*.json"))) == 3
+    assert len(list(folder.glob("*.json"))) == 3
+    kept.write_text('{"off": {"prefill_tokens_per_s": "x"}, "on": []}')  # not ours: a miss
+    os.utime(model, ns=(time.time_ns(), time.time_ns() + 2 * 10**9))
+    assert asyncio.run(measured_runs(model, 1))[2] is False
 
 
 def test_nothing_is_kept_when_neither_layout_ran(
@@ -193,11 +226,47 @@ def test_nothing_is_kept_when_neither_layout_ran(
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     off, on, _ = asyncio.run(measured_runs(tiny_model, 1, command=("false",)))
     assert off.failed == "exit 1: no output" and on.failed == off.failed
-    assert not cache_dir().exists()
+    folder = cache_dir()
+    assert folder is not None and not folder.exists()
+
+
+def test_a_crash_is_kept_and_a_passing_failure_is_not(
+    model_path: Path,
+    crashing_repack: tuple[str, ...],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """SIGILL in the repacked kernels holds for this machine: kept, and read back as the same
+    failure. A timeout (or a child killed by the OOM killer or a stop) says nothing about the
+    layout: measured again at the next start."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    off, on, cached = asyncio.run(measured_runs(model_path, 1, command=crashing_repack))
+    assert not cached and off.failed is None and on.lasting
+    again = asyncio.run(measured_runs(model_path, 1, command=("false",)))
+    assert again == (off, on, True)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "other"))
+    slow = asyncio.run(measured_runs(model_path, 1, timeout=0.01))
+    assert slow[0].failed == slow[1].failed == "no answer within 0 s"
+    assert not (tmp_path / "other").exists()
+
+
+def test_without_a_home_it_measures_and_keeps_nothing(
+    tiny_model: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An arbitrary uid without a passwd entry and no HOME: Path.home() fails."""
+
+    def no_home() -> Path:
+        raise RuntimeError("Could not determine home directory.")
+
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    monkeypatch.setattr(Path, "home", staticmethod(no_home))
+    assert cache_dir() is None
+    off, on, cached = asyncio.run(measured_runs(tiny_model, 1))
+    assert off.failed is None and on.failed is None and not cached
 
 
 def test_the_probe_command_is_the_installed_module() -> None:
-    assert PROBE_COMMAND[1:] == ("-m", "semif_proxy.engine.layout_probe")
+    assert PROBE_COMMAND[1:] == ("-P", "-m", "semif_proxy.engine.layout_probe")
 
 
 # -- as served ------------------------------------------------------------------------------------
@@ -209,7 +278,11 @@ def test_a_default_server_measures_once_and_every_process_obeys(
     """Default settings (CPU sharing dynamic, SEMIF_REPACK=auto): the layout is measured before
     the engine loads, said in the log and /health, obeyed by the engine and every
     llama-server; a restart on the same machine reads the kept measurement."""
-    env = {"XDG_CACHE_HOME": str(tmp_path / "cache"), "SEMIF_CPU_SHARING": "dynamic"}
+    env = {
+        "XDG_CACHE_HOME": str(tmp_path / "cache"),
+        "SEMIF_CPU_SHARING": "dynamic",
+        "SEMIF_N_GPU_LAYERS": "0",  # measured on the CPU only (with GPU layers: the rule)
+    }
     server = start_proxy(model_path, env, preset="defaults")
     lines = [json.loads(x) for x in server.log_lines() if x.startswith("{")]
     events = [x.get("event") for x in lines]
@@ -219,7 +292,8 @@ def test_a_default_server_measures_once_and_every_process_obeys(
     assert repack["setting"] == "auto" and repack["cached"] is False
     assert set(repack["measured"]) == {"on", "off"}
     assert repack["on"] == said["on"] and repack["why"] == said["why"]
-    assert repack["on"] is False and "nothing of this model" in repack["why"]  # SmolLM2
+    if "SmolLM2" in model_path.name:  # Q4_1: no repacked layout
+        assert repack["on"] is False and "nothing of this model" in repack["why"]
     assert server.proc is not None
     for _pid, argv in _llama_servers(server.proc.pid):
         assert argv.count("--no-repack") == 1, argv
@@ -227,3 +301,36 @@ def test_a_default_server_measures_once_and_every_process_obeys(
     again = start_proxy(model_path, env, preset="defaults")
     kept = again.call("GET", "/health").json()["model"]["repack"]
     assert kept["cached"] is True and kept["measured"] == repack["measured"]
+
+
+def test_a_server_stopped_while_measuring_exits_and_leaves_no_child(
+    model_path: Path, start_proxy: StartProxy, tmp_path: Path
+) -> None:
+    """SIGTERM while a layout's child is running: the child is killed, nothing is kept or
+    loaded, and the server exits 0 at once (not after both trials and an engine load)."""
+    cache = tmp_path / "cache"
+    server = start_proxy(
+        model_path, {"XDG_CACHE_HOME": str(cache), "SEMIF_N_GPU_LAYERS": "0"}, launch=True
+    )
+    assert server.proc is not None
+    probe_argv = [sys.executable.encode(), b"-P", b"-m", b"semif_proxy.engine.layout_probe"]
+
+    def probing() -> list[int]:
+        return [p for p in _running(probe_argv) if _parent(p) == server.proc.pid]  # type: ignore[union-attr]
+
+    wait_for(lambda: bool(probing()), 60, "a layout's child")
+    children = probing()
+    start = time.monotonic()
+    assert server.stop(timeout=20) == 0
+    assert time.monotonic() - start < 10
+    assert not [p for p in children if Path(f"/proc/{p}").exists()]
+    events = [json.loads(x).get("event") for x in server.log_lines() if x.startswith("{")]
+    assert "engine_ready" not in events and "llama_server_start" not in events
+    assert not list(cache.rglob("*.json"))
+
+
+def _parent(pid: int) -> int | None:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return None

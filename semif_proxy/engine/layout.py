@@ -1,8 +1,9 @@
 """SEMIF_REPACK=auto decided by measurement on the machine it runs on (issue #36).
 
-Each layout of the weights is loaded and timed in a throw-away child (layout_probe.py), one after
-the other, before anything else loads: a layout whose kernels crash on this CPU (the base image's
-repacked AMX kernels died of SIGILL on a Xeon) kills only its child and is out. Then:
+Each layout of the weights is loaded and timed in a throw-away child (layout_probe.py, started by
+layout_trial.py), one after the other, before anything else loads: a layout whose kernels crash
+on this CPU (the base image's repacked AMX kernels died of SIGILL on a Xeon) kills only its child
+and is out. Then:
 
 - the repacked layout holds no copy of its own (the model has no tensor type with a repacked
   layout on this CPU): unrepacked, the same kernels;
@@ -14,55 +15,32 @@ repacked AMX kernels died of SIGILL on a Xeon) kills only its child and is out. 
   not fit;
 - otherwise repacked, the faster.
 
-The engine and every llama-server then obey that one choice. The measurement is kept in a
-file per llama.cpp build, model file, CPU and thread count (under ~/.cache/semif-proxy/layouts,
-or $XDG_CACHE_HOME), so a restart on the same machine does not pay for it again. With layers
+The engine and every llama-server then obey that one choice. What holds for the machine (both
+measured, or a layout's crash) is kept per llama.cpp build, model file, CPU and thread count
+(layout_cache.py), so a restart on the same machine does not pay for it again. With layers
 on a GPU, or where neither child could measure, the rule of settings/repack.py decides.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import json
-import logging
-import os
-import platform
-import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from semif_proxy.engine.layout_cache import cache_dir, cache_key, read_cached, write_cached
+from semif_proxy.engine.layout_trial import LayoutRun, probe
 from semif_proxy.settings import RepackChoice, Settings, repack_choice
 from semif_proxy.settings.defaults import (
     LAYOUT_GAIN_LARGE,
     LAYOUT_GAIN_MIN,
-    LAYOUT_PROBE_GENERATE_TOKENS,
-    LAYOUT_PROBE_PREFILL_TOKENS,
-    LAYOUT_PROBE_REPEATS,
-    LAYOUT_PROBE_TIMEOUT_S,
+    LAYOUT_REPACKED_BYTES_MIN,
     LAYOUT_REPACKED_SHARE_MIN,
+    LAYOUT_TIGHT_SHARE,
 )
 
-log = logging.getLogger("semif_proxy.layout")
-
 MIB = 1 << 20
-# Bumped when what a probe measures changes: older files are then measured again.
-PROBE_VERSION = 1
-PROBE_COMMAND = (sys.executable, "-m", "semif_proxy.engine.layout_probe")
-
-
-@dataclass(frozen=True)
-class LayoutRun:
-    """One child's measurement of one layout; `failed` says why it has none."""
-
-    repack: bool
-    failed: str | None = None
-    prefill_tokens_per_s: float | None = None
-    generate_tokens_per_s: float | None = None
-    anon_bytes: int | None = None
-    load_seconds: float | None = None
 
 
 @dataclass(frozen=True)
@@ -104,9 +82,12 @@ def decide(
     if on.failed:
         return RepackChoice(False, f"off: the repacked layout failed its trial ({on.failed})")
     if off.failed:
+        copies = processes * (on.anon_bytes or 0)
+        if room is not None and copies > room:
+            return None  # neither is known to run here within the memory: the rule decides
         return RepackChoice(True, f"on: the unrepacked layout failed its trial ({off.failed})")
     extra = (on.anon_bytes or 0) - (off.anon_bytes or 0)
-    if extra < max(16 * MIB, LAYOUT_REPACKED_SHARE_MIN * model_bytes):
+    if extra < max(LAYOUT_REPACKED_BYTES_MIN, LAYOUT_REPACKED_SHARE_MIN * model_bytes):
         return RepackChoice(
             False,
             f"off: nothing of this model is repacked on this CPU ({extra / MIB:.0f} MiB of its "
@@ -131,12 +112,13 @@ def decide(
             False,
             f"off: {seen}: slower at one of the two; every process shares one copy of the weights",
         )
-    tight = room is not None and copies > room // 2
+    tight = room is not None and copies > room * LAYOUT_TIGHT_SHARE
     if tight and (gain < LAYOUT_GAIN_LARGE or copies > (room or 0)):
         return RepackChoice(
             False,
             f"off: {seen}, but {processes} repacked copies ({copies / MIB:.0f} MiB) would "
-            f"take over half the {(room or 0) / MIB:.0f} MiB left; one shared copy instead",
+            f"take over {LAYOUT_TIGHT_SHARE:.0%} of the {(room or 0) / MIB:.0f} MiB left; one "
+            "shared copy instead",
         )
     return RepackChoice(
         True,
@@ -144,128 +126,35 @@ def decide(
     )
 
 
-def cpu_text() -> str:
-    """The CPU's model name and flags: a measurement is kept per CPU."""
-    try:
-        lines = Path("/proc/cpuinfo").read_text().splitlines()
-    except OSError:
-        return platform.machine()
-    keep = ("model name", "flags", "Features", "CPU part")
-    pairs = (x.partition(":") for x in lines)
-    seen = {k.strip(): v.strip() for k, _, v in pairs if k.strip() in keep}
-    return json.dumps(seen, sort_keys=True)
-
-
-def cache_dir() -> Path:
-    # XDG_CACHE_HOME: where SEMIF_REPACK=auto keeps its measurements (in semif-proxy/layouts
-    # under it); unset: ~/.cache.
-    root = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(root) / "semif-proxy" / "layouts"
-
-
-def cache_key(model: Path, threads: int, backend_dir: Path | None) -> str:
-    from semif_proxy import _engine
-    from semif_proxy.engine import native
-
-    stat = model.stat()
-    ext = Path(_engine.__file__)
-    parts = {
-        "version": PROBE_VERSION,
-        "build": native.build_info(),
-        "extension": [str(ext.resolve()), ext.stat().st_mtime_ns],
-        "backend_dir": str(backend_dir or ""),
-        "model": [str(model.resolve()), stat.st_size, stat.st_mtime_ns],
-        "threads": threads,
-        "cpu": cpu_text(),
-        "probe": [LAYOUT_PROBE_PREFILL_TOKENS, LAYOUT_PROBE_GENERATE_TOKENS, LAYOUT_PROBE_REPEATS],
-    }
-    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:32]
-
-
-async def probe(
-    model: Path,
-    threads: int,
-    repack: bool,
-    backend_dir: Path | None = None,
-    command: tuple[str, ...] = PROBE_COMMAND,
-    timeout: float = LAYOUT_PROBE_TIMEOUT_S,
-) -> LayoutRun:
-    """One layout timed in a child; its crash, error or silence is the run's `failed`. A
-    cancelled probe (the server stopping) kills its child."""
-    argv = [*command, "--model", str(model), "--threads", str(threads)]
-    argv += ["--repack", "on" if repack else "off"]
-    if backend_dir is not None:
-        argv += ["--backend-dir", str(backend_dir)]
-    try:
-        proc = await asyncio.create_subprocess_exec(
-            *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
-        )
-    except OSError as exc:
-        return LayoutRun(repack, failed=f"could not start: {exc}")
-    try:
-        out, err = await asyncio.wait_for(proc.communicate(), timeout)
-    except asyncio.TimeoutError:
-        return LayoutRun(repack, failed=f"no answer within {timeout:.0f} s")
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
-    if proc.returncode < 0:
-        return LayoutRun(repack, failed=f"its process died of signal {-proc.returncode}")
-    if proc.returncode != 0:
-        last = (err.decode(errors="replace").strip().splitlines() or ["no output"])[-1]
-        return LayoutRun(repack, failed=f"exit {proc.returncode}: {last[:200]}")
-    try:
-        row = json.loads(out.decode().strip().splitlines()[-1])
-    except (IndexError, ValueError):
-        return LayoutRun(repack, failed="no measurement in its output")
-    return LayoutRun(
-        repack,
-        prefill_tokens_per_s=row.get("prefill_tokens_per_s"),
-        generate_tokens_per_s=row.get("generate_tokens_per_s"),
-        anon_bytes=row.get("anon_bytes"),
-        load_seconds=row.get("load_seconds"),
-    )
-
-
-def _read_cached(path: Path) -> tuple[LayoutRun, LayoutRun] | None:
-    try:
-        rows = json.loads(path.read_text())
-        return LayoutRun(**rows["off"]), LayoutRun(**rows["on"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-
-
-def _write_cached(path: Path, off: LayoutRun, on: LayoutRun) -> None:
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        part = path.with_suffix(f".{os.getpid()}.part")
-        part.write_text(json.dumps({"off": asdict(off), "on": asdict(on)}))
-        os.replace(part, path)  # a reader sees the whole file or none
-    except OSError as exc:  # a read-only home: measured again at the next start
-        log.warning(f"the layout measurement is not kept: {exc}")
-
-
 async def measured_runs(
     model: Path, threads: int, backend_dir: Path | None = None, **probe_args: Any
 ) -> tuple[LayoutRun, LayoutRun, bool]:
-    """(off, on, cached): from the cache file, else measured now (unrepacked first) and kept."""
-    path = cache_dir() / f"{cache_key(model, threads, backend_dir)}.json"
-    hit = _read_cached(path)
+    """(off, on, cached): from the cache file, else measured now (unrepacked first) and kept
+    where what it found holds for this machine: both measured, or a layout crashed."""
+    folder = cache_dir()
+    path = folder / f"{cache_key(model, threads, backend_dir)}.json" if folder else None
+    hit = read_cached(path) if path else None
     if hit is not None:
         return hit[0], hit[1], True
     # One after the other: side by side, each would take the other's cores.
     off = await probe(model, threads, False, backend_dir, **probe_args)
     on = await probe(model, threads, True, backend_dir, **probe_args)
-    if not (off.failed and on.failed):  # nothing learned is not kept
-        _write_cached(path, off, on)
+    lasting = all(r.failed is None or r.lasting for r in (off, on))
+    if path and lasting and not (off.failed and on.failed):
+        write_cached(path, off, on)
     return off, on, False
 
 
 async def resolve(
-    settings: Settings, threads: int, processes: int, room: int | None, **probe_args: Any
+    settings: Settings,
+    threads: int,
+    processes: int,
+    room: int | None,
+    chat: bool | None = None,
+    **probe_args: Any,
 ) -> Layout:
-    """SEMIF_REPACK for this start: as set, the rule (a GPU, nothing measured), or measured."""
+    """SEMIF_REPACK for this start: as set, the rule (a GPU, nothing measured), or measured.
+    `chat`: whether generation speed counts (None: settings.chat)."""
     if settings.repack != "auto" or settings.n_gpu_layers != 0:
         return Layout(repack_choice(settings.repack))
     start = time.perf_counter()
@@ -281,7 +170,7 @@ async def resolve(
         model_bytes=settings.model_path.stat().st_size,
         processes=processes,
         room=room,
-        chat=settings.chat,
+        chat=settings.chat if chat is None else chat,
     )
     seconds = time.perf_counter() - start
     if choice is None:
@@ -292,7 +181,12 @@ async def resolve(
 
 
 def resolve_now(
-    settings: Settings, threads: int, processes: int, room: int | None, **probe_args: Any
+    settings: Settings,
+    threads: int,
+    processes: int,
+    room: int | None,
+    chat: bool | None = None,
+    **probe_args: Any,
 ) -> Layout:
     """resolve() for a caller without an event loop (a command's engine load)."""
-    return asyncio.run(resolve(settings, threads, processes, room, **probe_args))
+    return asyncio.run(resolve(settings, threads, processes, room, chat, **probe_args))

@@ -16,9 +16,11 @@ import time
 from pathlib import Path
 
 from semif_proxy.settings.defaults import (
+    LAYOUT_PROBE_CTX,
     LAYOUT_PROBE_GENERATE_TOKENS,
     LAYOUT_PROBE_PREFILL_TOKENS,
     LAYOUT_PROBE_REPEATS,
+    LAYOUT_PROBE_WARMUP_TOKENS,
 )
 
 # Ordinary prose, so that generation runs on past a few tokens; repeated to the length asked.
@@ -49,7 +51,7 @@ def measure(model: str, threads: int, repack: bool, backend_dir: str | None) -> 
     before = anon_bytes()
     start = time.perf_counter()
     core = native.Engine(
-        model, n_ctx=512, n_threads=threads, n_gpu_layers=0, n_seq=3, repack=repack
+        model, n_ctx=LAYOUT_PROBE_CTX, n_threads=threads, n_gpu_layers=0, n_seq=3, repack=repack
     )
     load_s = time.perf_counter() - start
     after = anon_bytes()
@@ -58,7 +60,8 @@ def measure(model: str, threads: int, repack: bool, backend_dir: str | None) -> 
     while len(tokens) < LAYOUT_PROBE_PREFILL_TOKENS:
         tokens.extend(piece)
     tokens = tokens[:LAYOUT_PROBE_PREFILL_TOKENS]
-    core.generate(tokens[:16], 1)  # the first compute allocates its buffers: not timed
+    # The first compute allocates its buffers: not timed.
+    core.generate(tokens[:LAYOUT_PROBE_WARMUP_TOKENS], 1)
     prefill: list[float] = []
     generate: list[float] = []
     generated = 0

@@ -183,7 +183,10 @@ class DecisionEngine(
         alone; SEMIF_REPACK=auto measures, engine/layout.py)."""
         n_threads = threads or settings.thread_plan.engine
         if layout is None:
-            layout = resolve_layout(settings, n_threads, processes=1, room=memory_room())
+            # As a default server on this machine would choose it (chat on, the engine and two
+            # llama-servers): a command's answers and rows (decide, eval, calibrate) are then
+            # computed in the layout that serves them, which reads the same kept measurement.
+            layout = resolve_layout(settings, n_threads, 3, memory_room(), chat=True)
         if settings.backend_dir is not None:
             native.load_backends(settings.backend_dir)
         owned = thread is None

@@ -49,6 +49,7 @@ def create_app(settings: Settings, on_fatal: Callable[[], None] | None = None) -
     app.cleanup_ctx.extend(
         [lifecycle.upstream_ctx, lifecycle.layout_ctx, lifecycle.engine_ctx, lifecycle.llama_ctx]
     )
+    app.on_shutdown.append(lifecycle.stop_measuring)
     health.register_gauges(app)
     app.router.add_get("/ping", health.ping)
     app.router.add_get("/health", health.health)

@@ -50,8 +50,9 @@ class LayoutSlot:
     (with `auto` by a measurement in throw-away children: engine/layout.py); the engine and
     every llama-server wait for it and obey it."""
 
-    layout: Layout | None = None
+    layout: Layout | None = None  # None once decided: the server stopped first
     decided: asyncio.Event = field(default_factory=asyncio.Event)
+    task: asyncio.Task[None] | None = None
 
 
 SETTINGS = web.AppKey("settings", Settings)

@@ -56,6 +56,8 @@ async def _decide_layout(app: web.Application) -> None:
     slot = app[LAYOUT]
     try:
         slot.layout = await resolve(settings, threads, processes, memory_room())
+    except asyncio.CancelledError:
+        return  # stopping: `decided` is set with no layout, and nothing loads
     except Exception as exc:  # the rule still decides: a failed measurement stops nothing
         log.exception("the weights' layout could not be measured")
         rule = repack_choice(settings.repack)
@@ -72,9 +74,17 @@ async def _decide_layout(app: web.Application) -> None:
 async def layout_ctx(app: web.Application) -> AsyncIterator[None]:
     app[LAYOUT] = LayoutSlot()
     task = asyncio.create_task(_decide_layout(app))
+    app[LAYOUT].task = task
     yield
-    if not task.done():
-        task.cancel()  # a measuring child is killed
+    await stop_measuring(app)
+
+
+async def stop_measuring(app: web.Application) -> None:
+    """On shutdown, before the contexts are torn down (the engine's waits for the layout): a
+    measurement in progress is cancelled, its child killed; nothing loads after it."""
+    task = app[LAYOUT].task
+    if task is not None and not task.done():
+        task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
 
@@ -83,6 +93,8 @@ async def _load_engine(app: web.Application) -> None:
     try:
         await app[LAYOUT].decided.wait()
         layout = app[LAYOUT].layout
+        if layout is None:  # the server is stopping before the layout was decided
+            return
         engine = await DecisionEngine.start(app[SETTINGS], app[THREAD_PLAN].engine, layout)
     except Exception as exc:  # any load failure ends the process: nothing to serve
         _fatal(app, "the decision engine", exc)
@@ -155,9 +167,13 @@ async def _start_all(app: web.Application, servers: list[LlamaServer]) -> None:
     one is healthy and the engine loaded (side by side, each load would slow the others and
     /ping would say 200 later), and only if the memory left holds it."""
     main, *rest = servers
+    main.state = "waiting"  # for the layout (then, on the CPU, for the engine)
     await app[LAYOUT].decided.wait()
     layout = app[LAYOUT].layout
-    repack = layout.choice.on if layout is not None else True
+    if layout is None:  # the server is stopping before the layout was decided
+        return
+    main.state = "stopped"  # start() says "starting" from here on
+    repack = layout.choice.on
     settings, plan = app[SETTINGS], app[THREAD_PLAN]
     # Weight repacking as the engine loads: off, every process reads the one mmap'ed copy.
     main.extra_args = with_defaults(settings.llama_server_args, plan.llama_server, repack)

@@ -19,7 +19,7 @@ child_log = logging.getLogger("semif_proxy.llama_server.output")
 READ_CHUNK = 64 * 1024
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
     # Linux: the child is killed when the proxy dies, even by SIGKILL; no orphans. SIGKILL,
     # because a child the CPU slicer has just stopped would act on SIGTERM only once continued.
     try:
@@ -40,7 +40,7 @@ async def spawn(argv: list[str]) -> asyncio.subprocess.Process:
         stdin=asyncio.subprocess.DEVNULL,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.STDOUT,
-        preexec_fn=_die_with_parent,
+        preexec_fn=die_with_parent,
         env={**os.environ},
     )
 

@@ -51,7 +51,7 @@ DEFAULT_MAX_DELIBERATION_TOKENS = 256
 # - SEMIF_REPACK=auto (engine/layout.py): each layout of the weights loaded and timed in a
 #   throw-away child on the machine it runs on: a prompt of this many tokens prefilled (the
 #   decisions' work) and this many tokens generated (chat's), each timed this many times, the
-#   best kept; a child that has not answered within the timeout has failed.
+#   best kept; a child that has not finished within the timeout has failed.
 LAYOUT_PROBE_PREFILL_TOKENS = 128
 LAYOUT_PROBE_GENERATE_TOKENS = 8
 LAYOUT_PROBE_REPEATS = 2
@@ -64,6 +64,15 @@ LAYOUT_GAIN_MIN = 1.10
 # - where memory is tight (every process's repacked copy would take over half the memory left
 #   at start-up), only a gain of at least this much buys the copies.
 LAYOUT_GAIN_LARGE = 1.5
-# - a repacked layout that holds less than this share of the model file (and 16 MiB) of its own
-#   repacked nothing: the model has no tensor type with a repacked layout on this CPU.
+# - a repacked layout that holds less than this share of the model file of its own repacked
+#   nothing: the model has no tensor type with a repacked layout on this CPU ...
 LAYOUT_REPACKED_SHARE_MIN = 0.05
+# - ... and at least this much of its own (below: rounding in the allocator, not a copy);
+LAYOUT_REPACKED_BYTES_MIN = 16 << 20
+# - memory is tight for the repacked copies where they would take over this share of the
+#   memory left at start-up;
+LAYOUT_TIGHT_SHARE = 0.5
+# - the probe's context (its prompt and generated tokens fit) and its untimed first compute,
+#   which allocates the compute buffers.
+LAYOUT_PROBE_CTX = 512
+LAYOUT_PROBE_WARMUP_TOKENS = 16
