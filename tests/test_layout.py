@@ -98,8 +98,9 @@ def test_where_memory_is_tight_only_a_large_gain_buys_the_copies() -> None:
 
 
 def test_both_layouts_of_the_default_model_are_timed_in_children(model_path: Path) -> None:
-    off = asyncio.run(probe(model_path, 1, False))
-    on = asyncio.run(probe(model_path, 1, True))
+    """Through the run's kept measurements: a server of this run on one thread (the test
+    servers') measured the same, or this measures it for them."""
+    off, on, _ = asyncio.run(measured_runs(model_path, 1))
     for run in (off, on):
         assert run.failed is None, run
         assert run.prefill_tokens_per_s and run.prefill_tokens_per_s > 1
@@ -120,6 +121,7 @@ def _repacked_copy(model: Path) -> int:
     return (on.anon_bytes or 0) - (off.anon_bytes or 0)
 
 
+@pytest.mark.slow  # make test-qwen (CI runs it)
 def test_a_repacked_qwen_holds_a_copy_of_its_own() -> None:
     """Q4_K weights have repacked layouts (AVX2 and up): the repacked child holds a copy in
     anonymous memory, the unrepacked one reads the mmap'ed file. The 0.5B repacks little (its
@@ -154,10 +156,10 @@ def crashing_repack(tmp_path: Path) -> tuple[str, ...]:
 
 
 def test_a_child_that_dies_disqualifies_its_layout(
-    model_path: Path, crashing_repack: tuple[str, ...]
+    tiny_model: Path, crashing_repack: tuple[str, ...]
 ) -> None:
-    on = asyncio.run(probe(model_path, 1, True, command=crashing_repack))
-    off = asyncio.run(probe(model_path, 1, False, command=crashing_repack))
+    on = asyncio.run(probe(tiny_model, 1, True, command=crashing_repack))
+    off = asyncio.run(probe(tiny_model, 1, False, command=crashing_repack))
     assert on.failed == "its process died of signal 4"
     assert off.failed is None
     choice = decide(off, on, model_bytes=1, processes=1, room=None, chat=True)
@@ -231,7 +233,7 @@ def test_nothing_is_kept_when_neither_layout_ran(
 
 
 def test_a_crash_is_kept_and_a_passing_failure_is_not(
-    model_path: Path,
+    tiny_model: Path,
     crashing_repack: tuple[str, ...],
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
@@ -240,12 +242,12 @@ def test_a_crash_is_kept_and_a_passing_failure_is_not(
     failure. A timeout (or a child killed by the OOM killer or a stop) says nothing about the
     layout: measured again at the next start."""
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    off, on, cached = asyncio.run(measured_runs(model_path, 1, command=crashing_repack))
+    off, on, cached = asyncio.run(measured_runs(tiny_model, 1, command=crashing_repack))
     assert not cached and off.failed is None and on.lasting
-    again = asyncio.run(measured_runs(model_path, 1, command=("false",)))
+    again = asyncio.run(measured_runs(tiny_model, 1, command=("false",)))
     assert again == (off, on, True)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "other"))
-    slow = asyncio.run(measured_runs(model_path, 1, timeout=0.01))
+    slow = asyncio.run(measured_runs(tiny_model, 1, timeout=0.01))
     assert slow[0].failed == slow[1].failed == "no answer within 0 s"
     assert not (tmp_path / "other").exists()
 

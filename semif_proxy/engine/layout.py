@@ -175,7 +175,9 @@ async def resolve(
     seconds = time.perf_counter() - start
     if choice is None:
         rule = repack_choice(settings.repack)
-        why = f"{rule.why} (neither layout could be measured: {off.failed})"
+        why = f"{rule.why} (no layout is known to run here: off {off.failed}; on " + (
+            f"{on.failed})" if on.failed else "would not fit in the memory left)"
+        )
         return Layout(RepackChoice(rule.on, why), (off, on), cached, seconds)
     return Layout(choice, (off, on), cached, seconds)
 
