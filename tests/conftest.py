@@ -96,11 +96,13 @@ def running_llama_server(
     import asyncio
 
     from semif_proxy.cpu.plan import memory_room
-    from semif_proxy.engine.layout import resolve_now
+    from semif_proxy.engine.layout import resolve
     from semif_proxy.llama_server.supervisor import LlamaServer
 
     if repack is None:
-        repack = resolve_now(engine_settings(model), 2, 1, memory_room()).choice.on
+        # As DecisionEngine.load chooses it for an engine of these settings.
+        chosen = asyncio.run(resolve(engine_settings(model), 2, 3, memory_room(), chat=True))
+        repack = chosen.choice.on
     layout = [] if repack else ["--no-repack"]
 
     binary = native.llama_server_path()

@@ -23,7 +23,6 @@ on a GPU, or where neither child could measure, the rule of settings/repack.py d
 
 from __future__ import annotations
 
-import asyncio
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -180,15 +179,3 @@ async def resolve(
         )
         return Layout(RepackChoice(rule.on, why), (off, on), cached, seconds)
     return Layout(choice, (off, on), cached, seconds)
-
-
-def resolve_now(
-    settings: Settings,
-    threads: int,
-    processes: int,
-    room: int | None,
-    chat: bool | None = None,
-    **probe_args: Any,
-) -> Layout:
-    """resolve() for a caller without an event loop (a command's engine load)."""
-    return asyncio.run(resolve(settings, threads, processes, room, chat, **probe_args))

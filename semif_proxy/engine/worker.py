@@ -28,7 +28,7 @@ from semif_proxy.engine.exactness import ExactnessCheck
 from semif_proxy.engine.injection import SpecialTokenPolicy
 from semif_proxy.engine.jobs import EngineJobs
 from semif_proxy.engine.layout import Layout
-from semif_proxy.engine.layout import resolve_now as resolve_layout
+from semif_proxy.engine.layout import resolve as resolve_layout
 from semif_proxy.engine.prefix_cache import PrefixCache
 from semif_proxy.engine.prompt import (
     NUMBER_LABELS,
@@ -186,7 +186,7 @@ class DecisionEngine(
             # As a default server on this machine would choose it (chat on, the engine and two
             # llama-servers): a command's answers and rows (decide, eval, calibrate) are then
             # computed in the layout that serves them, which reads the same kept measurement.
-            layout = resolve_layout(settings, n_threads, 3, memory_room(), chat=True)
+            layout = asyncio.run(resolve_layout(settings, n_threads, 3, memory_room(), chat=True))
         if settings.backend_dir is not None:
             native.load_backends(settings.backend_dir)
         owned = thread is None
