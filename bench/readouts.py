@@ -62,6 +62,8 @@ CONFIGS: dict[str, dict[str, str]] = {
 DIRECT_TYPES = ("noul", "score")
 # What each row keeps of the answer's `semif.timing` (where the seconds went).
 ENGINE_TIMING = ("prefill_seconds", "suffix_seconds", "suffix_tokens", "prefix_reused_tokens")
+# What deliberate adds (absent for the other readouts): tokens written and their seconds.
+DELIBERATE_TIMING = ("generated_tokens", "generation_seconds")
 
 
 def fields_for(config: str, kind: str) -> tuple[dict[str, str], str]:
@@ -89,11 +91,15 @@ def body_for(task: Task, config: str, spec: str) -> dict[str, Any]:
     return body
 
 
-def load_tasks(directory: Path, splits: list[str], limit: int | None) -> list[Task]:
+def load_tasks(
+    directory: Path, splits: list[str], limit: int | None, families: list[str] | None = None
+) -> list[Task]:
     out = []
     for split in splits:
         path = directory / f"{split}.jsonl"
         chosen = list(read_tasks([path])) if path.exists() else []
+        if families:
+            chosen = [t for t in chosen if t.row.get("family") in families]
         out += chosen[:limit] if limit else chosen
     return out
 
@@ -175,7 +181,11 @@ def answer_row(engine: Any, task: Task, config: str, spec: str) -> dict[str, Any
         # CPU seconds of this process (every engine thread): less moved by other work than
         # `seconds` on a shared machine, though threads that spin while others wait add some.
         "cpu_seconds": cpu,
-        "engine_timing": {k: timing.get(k) for k in ENGINE_TIMING},
+        "engine_timing": {
+            k: timing.get(k)
+            for k in ENGINE_TIMING + DELIBERATE_TIMING
+            if k in ENGINE_TIMING or k in timing
+        },
         "input_tokens": answered.input_tokens,
         "load1": load1,
     }
@@ -213,9 +223,13 @@ def run(args: argparse.Namespace, out: Path) -> int:
     from semif_proxy.model.files import model_sha256
     from semif_proxy.progress import bar, note
 
-    chosen = load_tasks(args.tasks_dir, args.splits, args.limit)
+    chosen = load_tasks(args.tasks_dir, args.splits, args.limit, args.families)
     if not chosen:
-        print(f"no tasks for splits {args.splits} in {args.tasks_dir}", file=sys.stderr)
+        print(
+            f"no tasks for splits {args.splits} (families {args.families or 'all'}) in "
+            f"{args.tasks_dir}",
+            file=sys.stderr,
+        )
         return 2
     rows_file = out / f"readouts-{args.tag}.jsonl"
     header, rows = read_rows(rows_file)
@@ -316,6 +330,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--splits", default=",".join(SPLITS), help="JevBench files to ask")
     parser.add_argument("--limit", type=int, help="the first N tasks of each split")
+    parser.add_argument(
+        "--families",
+        help="comma-separated task families to ask (e.g. temporal_numeric,trap); None: all",
+    )
     parser.add_argument("--tasks-dir", type=Path, default=TASKS_DIR, help="JevBench's files")
     parser.add_argument("--results-dir", type=Path, default=RESULTS, help="rows and summary")
     parser.add_argument("--max-minutes", type=float, help="stop starting tasks after this long")
@@ -341,6 +359,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.splits = [s.strip() for s in args.splits.split(",") if s.strip()]
     if not args.splits:
         parser.error("--splits: none given")
+    if args.families is not None:
+        args.families = [f.strip() for f in args.families.split(",") if f.strip()]
+        if not args.families:
+            parser.error("--families: none given")
     if args.limit is not None and args.limit < 1:
         parser.error("--limit must be at least 1")
     if args.max_minutes is not None and args.max_minutes <= 0:

@@ -7,6 +7,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from bench import readouts_failures as failures
+
 PAGE = Path("docs") / "readouts.md"
 PLOT = Path("docs") / "img" / "readouts.png"
 
@@ -150,7 +152,7 @@ def verdicts(all_summaries: list[dict[str, Any]]) -> list[str]:
     return out
 
 
-def page(all_summaries: list[dict[str, Any]]) -> str:
+def page(all_summaries: list[dict[str, Any]], failing: list[str] | None = None) -> str:
     out = [
         "# Readouts on JevBench",
         "",
@@ -180,6 +182,7 @@ def page(all_summaries: list[dict[str, Any]]) -> str:
         return "\n".join([*out, "No results yet.", ""])
     out += ["![accuracy per readout](img/readouts.png)", ""]
     out += verdicts(all_summaries)
+    out += failing or []
     for s in all_summaries:
         out += section(s)
     return "\n".join(out)
@@ -222,7 +225,7 @@ def write_docs(root: Path, results: Path) -> list[Path]:
     found = summaries(results)
     target = root / PAGE
     target.parent.mkdir(parents=True, exist_ok=True)
-    target.write_text(page(found), encoding="utf-8")
+    target.write_text(page(found, failures.section(results)), encoding="utf-8")
     written = [target]
     if found:
         (root / PLOT).parent.mkdir(parents=True, exist_ok=True)

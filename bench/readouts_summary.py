@@ -33,6 +33,10 @@ NOTES = [
     "work; load1 is the 1-minute load average when each task started",
     "difference vs letters: accuracy(run) - accuracy(letters at the same permutations) over "
     f"the tasks both answered; percentile bootstrap of tasks, {RESAMPLES} resamples, seed {SEED}",
+    "a run with fewer tasks than a split holds was asked in part (`--limit`, `--families`, or "
+    "stopped by `--max-minutes`): its accuracy is over the tasks it answered, which need not "
+    "be like the rest of the split (per family: the section on what qwen2.5-1.5b still gets "
+    "wrong)",
 ]
 
 

@@ -219,6 +219,20 @@ def test_runner_writes_rows_and_summary_and_resumes(tmp_path: Path, model_path: 
     assert readouts.main(argv) == 2  # rows of another model: refused, untouched
     assert len(rows_file.read_text().splitlines()) == len(before.splitlines())
 
+    # One family, deliberate: its row keeps what the model wrote (tokens and their seconds).
+    rows_file.write_text(before)
+    at = argv.index("--configs")
+    picked = [*argv[:at], *argv[at + 2 :], "--configs", "deliberate", "--families", "intent"]
+    assert readouts.main(picked) == 0
+    [row] = [json.loads(x) for x in rows_file.read_text().splitlines()[len(before.splitlines()) :]]
+    assert (row["config"], row["id"], row["readout"]) == (
+        "deliberate",
+        "mini-choice-0",
+        "deliberate-letter-logits",
+    )
+    timing = row["engine_timing"]
+    assert 1 <= timing["generated_tokens"] <= 64 and timing["generation_seconds"] > 0
+
 
 def test_recold_does_not_copy_a_twin_row_that_was_not_timed_cold(tmp_path: Path) -> None:
     """direct asks a choice question as letters does, so its row is letters' row copied; a
@@ -234,11 +248,22 @@ def test_recold_does_not_copy_a_twin_row_that_was_not_timed_cold(tmp_path: Path)
     assert readouts.copied(rows, task, "direct", "1", cold=True)["config"] == "direct"
 
 
+def test_families_choose_tasks_within_each_split(tmp_path: Path) -> None:
+    (tmp_path / "easy.jsonl").write_text("".join(json.dumps(t) + "\n" for t in TASKS))
+    picked = readouts.load_tasks(tmp_path, ["easy"], None, ["intent", "ordinal"])
+    assert [t.id for t in picked] == ["mini-choice-0", "mini-score-0"]
+    assert readouts.load_tasks(tmp_path, ["easy"], 1, ["ordinal"])[0].id == "mini-score-0"
+    # A family that no task has: nothing to ask, said in one line with exit 2.
+    argv = ["--tasks-dir", str(tmp_path), "--splits", "easy", "--families", "none_such"]
+    assert readouts.main([*argv, "--results-dir", str(tmp_path)]) == 2
+
+
 def test_usage_errors_exit_2(tmp_path: Path) -> None:
     for argv in (
         ["--configs", "nope"],
         ["--permutations", "0"],
         ["--tasks-dir", str(tmp_path / "x")],
+        ["--families", " , "],
     ):
         with pytest.raises(SystemExit) as exc:
             readouts.main(argv)
