@@ -155,7 +155,8 @@ def section(results: Path) -> list[str]:
         "",
         f"- from the hard split: {_share(f['hard'], f['n'])}, against "
         f"{_share(ok['hard'], ok['n'])} of the right ones",
-        f"- prompt tokens, median: {f['input_tokens_p50']:,.0f} against "
+        f"- input tokens asked (every option order counted), median: "
+        f"{f['input_tokens_p50']:,.0f} against "
         f"{ok['input_tokens_p50']:,.0f}; options, median: {f['options_p50']:g} against "
         f"{ok['options_p50']:g}",
         f"- probability of the predicted label, median: {f['p_predicted_p50']:.2f} against "
