@@ -93,6 +93,11 @@ def _against(vs: dict[str, Any] | None) -> str:
     )
 
 
+def _chance(got: dict[tuple[str, str], dict[str, Any]], keys: list[tuple[str, str]]) -> float:
+    """What a uniform guess gets right over these tasks: one over each option count, summed."""
+    return sum(1 / len(got[k]["probabilities"]) for k in keys)
+
+
 def _count(got: dict[tuple[str, str], dict[str, Any]], keys: list[tuple[str, str]]) -> str:
     answered = [got[k] for k in keys if k in got]
     right = sum(bool(r["correct"]) for r in answered)
@@ -135,7 +140,7 @@ def section(results: Path) -> list[str]:
     splits = ("easy", "original", "hard")
     for split, family, kind in sorted(groups, key=lambda g: (splits.index(g[0]), g[1], g[2])):
         keys = groups[(split, family, kind)]
-        chance = sum(1 / len(best[k]["probabilities"]) for k in keys)
+        chance = _chance(best, keys)
         cells = [_count(got, keys) for got in runs.values()]
         out.append(
             f"| {split} | {family} | {kind} | {len(keys)} | {chance:.1f} | {' | '.join(cells)} |"
@@ -143,7 +148,7 @@ def section(results: Path) -> list[str]:
     out.append("")
     for split in splits:
         keys = [k for k, r in best.items() if r["split"] == split]
-        chance = sum(1 / len(best[k]["probabilities"]) for k in keys)
+        chance = _chance(best, keys)
         mine = sum(bool(best[k]["correct"]) for k in keys)
         out.append(f"- {split}: {mine}/{len(keys)} right, {chance:.1f} by chance")
     t = traits(list(best.values()), letters)
