@@ -181,11 +181,9 @@ def answer_row(engine: Any, task: Task, config: str, spec: str) -> dict[str, Any
         # CPU seconds of this process (every engine thread): less moved by other work than
         # `seconds` on a shared machine, though threads that spin while others wait add some.
         "cpu_seconds": cpu,
-        "engine_timing": {
-            k: timing.get(k)
-            for k in ENGINE_TIMING + DELIBERATE_TIMING
-            if k in ENGINE_TIMING or k in timing
-        },
+        # Every engine part (None where not reported); deliberate's only where it wrote.
+        "engine_timing": {k: timing.get(k) for k in ENGINE_TIMING}
+        | {k: timing[k] for k in DELIBERATE_TIMING if k in timing},
         "input_tokens": answered.input_tokens,
         "load1": load1,
     }

@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import Any
 
 from bench import readouts_failures as failures
-from bench.readouts_failures import REALISTIC, TASKS
 
 PAGE = Path("docs") / "readouts.md"
 PLOT = Path("docs") / "img" / "readouts.png"
@@ -100,12 +99,12 @@ def verdicts(all_summaries: list[dict[str, Any]]) -> list[str]:
         "## Defaults from the evidence",
         "",
         f"A readout becomes the server's default (SEMIF_READOUT, per question type where the "
-        f"evidence is per type) once, on `{REALISTIC}` over all {TASKS} tasks in one option "
-        f"order, its paired difference against letters has a 95 % interval above zero at no "
-        f"more than {MAX_COST:g}x letters' p50 latency.",
+        f"evidence is per type) once, on `{failures.REALISTIC}` over all {failures.TASKS} tasks "
+        f"in one option order, its paired difference against letters has a 95 % interval "
+        f"above zero at no more than {MAX_COST:g}x letters' p50 latency.",
         "",
     ]
-    realistic = next((s for s in all_summaries if s["tag"] == REALISTIC), None)
+    realistic = next((s for s in all_summaries if s["tag"] == failures.REALISTIC), None)
     met = []
     runs = (realistic or {}).get("runs", {})
     base = runs.get("letters@1", {}).get("by", {}).get("all", {}).get("all", {}).get("n", 0)
@@ -119,10 +118,10 @@ def verdicts(all_summaries: list[dict[str, Any]]) -> list[str]:
             lo = (vs.get("bootstrap95") or [None])[0]
             cost = vs.get("cost_ratio")
             why = []
-            if r["by"]["all"]["all"]["n"] < TASKS:
-                why.append(f"{r['by']['all']['all']['n']} of {TASKS} tasks answered")
-            elif base < TASKS:  # paired over what letters answered: not yet all of them
-                why.append(f"letters answered {base} of {TASKS}")
+            if r["by"]["all"]["all"]["n"] < failures.TASKS:
+                why.append(f"{r['by']['all']['all']['n']} of {failures.TASKS} tasks answered")
+            elif base < failures.TASKS:  # paired over what letters answered: not yet all of them
+                why.append(f"letters answered {base} of {failures.TASKS}")
             if lo is None or lo <= 0:
                 why.append("its interval reaches zero" if lo is not None else "no interval")
             if cost is None or cost > MAX_COST:
@@ -132,7 +131,7 @@ def verdicts(all_summaries: list[dict[str, Any]]) -> list[str]:
                 met.append(f"{r['config']} ({kind})")
             out.append(f"- {name}, {kind}: {_diff(c)}, cost {_cost(c)}: {verdict}")
     if realistic is None:
-        out.append(f"- no run of `{REALISTIC}` yet")
+        out.append(f"- no run of `{failures.REALISTIC}` yet")
     from semif_proxy.settings.readouts import BiasCorrections, Readouts
 
     out += [
