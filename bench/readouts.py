@@ -104,11 +104,21 @@ def load_tasks(
     return out
 
 
-def twin(config: str, kind: str) -> str | None:
-    """The first other config that asks a question of this type exactly as `config` does
-    (direct on a choice question: letters)."""
+def computed_as(config: str, kind: str) -> dict[str, str]:
+    """The fields that decide what the engine computes for a question of this type: pmi
+    already takes the content-free answer off (engine/bias.py), so a contextual correction on
+    top changes nothing and asks for no other pass."""
     fields = fields_for(config, kind)[0]
-    return next((c for c in CONFIGS if c != config and fields_for(c, kind)[0] == fields), None)
+    if fields.get("normalization") == "pmi":
+        fields.pop("bias_correction", None)
+    return fields
+
+
+def twin(config: str, kind: str) -> str | None:
+    """The first other config whose answer to a question of this type is computed exactly as
+    `config`'s (direct on a choice question: letters; pmi+contextual: pmi)."""
+    fields = computed_as(config, kind)
+    return next((c for c in CONFIGS if c != config and computed_as(c, kind) == fields), None)
 
 
 def copied(

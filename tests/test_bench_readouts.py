@@ -240,6 +240,8 @@ def test_recold_does_not_copy_a_twin_row_that_was_not_timed_cold(tmp_path: Path)
     (tmp_path / "easy.jsonl").write_text(json.dumps(TASKS[1]) + "\n")
     [task] = readouts.load_tasks(tmp_path, ["easy"], None)
     assert task.kind == "choice" and readouts.twin("direct", "choice") == "letters"
+    assert readouts.twin("continuation-pmi+contextual", "noul") == "continuation-pmi"
+    assert readouts.twin("letters+contextual", "noul") is None  # its correction is a pass
     row = {"config": "letters", "split": task.file, "id": task.id, "predicted": "x"}
     rows = {("letters", "1", task.file, task.id): row}
     assert readouts.copied(rows, task, "direct", "1")["copied_from"] == "letters"

@@ -64,8 +64,16 @@ def test_continuation_equals_its_one_piece_evaluation(
             update={"question": "Which team should take it?"}
         ),
         decision("pmi", state, readout="continuation", normalization="pmi"),
-    ]
-    results, timing = decide(decision_engine, asked, [f"decisions[{i}]" for i in range(3)])
+        # pmi has taken the content-free answer off already: a contextual correction on top
+        # leaves it as it is (what lets the benchmark reuse pmi's rows for it).
+        decision(
+            "pmi+contextual", state, readout="continuation", normalization="pmi",
+            bias_correction="contextual",
+        ),
+    ]  # fmt: skip
+    results, timing = decide(decision_engine, asked, [f"decisions[{i}]" for i in range(4)])
+    *results, corrected = results
+    assert corrected["bias_correction"] == "contextual"
     assert timing["mode"] == "shared_prefix"
     by_id = {r["id"]: r for r in results}
     prompt = by_id["sum"]["prompt"]
@@ -92,6 +100,7 @@ def test_continuation_equals_its_one_piece_evaluation(
     assert not np.allclose(means, sums / np.asarray([r[2] for r in refs]))
     pmi = sums - np.asarray([r[0] for r in free_refs])
     np.testing.assert_allclose(by_id["pmi"]["option_logits"], pmi, atol=2 * TOL, rtol=0)
+    assert corrected["probabilities"] == by_id["pmi"]["probabilities"]
     for r in results:
         assert r["readout"] == "continuation-logprobs"
         assert r["prompt_version"] == "semif-continuation-v1"
