@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.readouts_rows import compatible, fingerprint, read_rows, row_key
+from semif_proxy.engine.bias import is_pmi
 from semif_proxy.eval.jevbench import Task, label_probabilities, predicted_label, read_tasks
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -105,11 +106,10 @@ def load_tasks(
 
 
 def computed_as(config: str, kind: str) -> dict[str, str]:
-    """The fields that decide what the engine computes for a question of this type: pmi
-    already takes the content-free answer off (engine/bias.py), so a contextual correction on
-    top changes nothing and asks for no other pass."""
+    """The fields that decide what the engine computes for a question of this type (a
+    contextual correction on top of pmi is none: engine/bias.py)."""
     fields = fields_for(config, kind)[0]
-    if fields.get("normalization") == "pmi":
+    if is_pmi(fields.get("readout"), fields.get("normalization")):
         fields.pop("bias_correction", None)
     return fields
 

@@ -70,12 +70,18 @@ def content_free(q: Question, normalization: str) -> Question:
     )
 
 
+def is_pmi(readout_name: str | None, normalization: str | None) -> bool:
+    """pmi already takes the content-free answer off (its content-free distribution is
+    uniform), so a contextual correction on top of it changes nothing and asks for no pass."""
+    return readout_name == CONTINUATION and normalization == "pmi"
+
+
 def needs(q: Question) -> list[str]:
     """The content-free normalisations a question needs ("sum" for pmi; its own for a
     contextual correction, none where that is uniform)."""
     if len(q.descriptions) < 2:
         return []
-    pmi = q.readout == CONTINUATION and q.normalization == "pmi"
+    pmi = is_pmi(q.readout, q.normalization)
     out = ["sum"] if pmi else []
     if q.bias_correction == "contextual" and not pmi:
         out.append(q.normalization)
@@ -115,7 +121,7 @@ class BiasCorrection:
 def corrected(row: Scored, free: list[np.ndarray | None]) -> Scored:
     q = row.question
     z = np.asarray(row.option_logits, np.float64)
-    pmi = q.readout == CONTINUATION and q.normalization == "pmi"
+    pmi = is_pmi(q.readout, q.normalization)
     if pmi:
         sums = free.pop(0)
         assert sums is not None
