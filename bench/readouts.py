@@ -59,6 +59,8 @@ CONFIGS: dict[str, dict[str, str]] = {
     "direct+contextual": {"readout": "direct", "bias_correction": "contextual"},
     # The model writes up to 64 tokens first (the default budget), then its letter is read.
     "deliberate": {"readout": "deliberate"},
+    # Divided by the letters after its own reasoning on the content-free state (same budget).
+    "deliberate+contextual": {"readout": "deliberate", "bias_correction": "contextual"},
 }
 DIRECT_TYPES = ("noul", "score")
 # What each row keeps of the answer's `semif.timing` (where the seconds went).

@@ -210,9 +210,58 @@ def test_engine_refusals_name_the_field(decision_engine: DecisionEngine) -> None
         decide(decision_engine, [decision(deliberation_tokens=most + 1)], ["decision"])
     assert err.value.field == "decision.deliberation_tokens"
     assert str(most) in err.value.message and "SEMIF_MAX_DELIBERATION_TOKENS" in err.value.message
-    with pytest.raises(InvalidRequest) as err:
-        decide(decision_engine, [decision(bias_correction="contextual")], ["decision"])
-    assert err.value.field == "decision.bias_correction"
+
+
+def test_a_contextual_correction_divides_out_a_content_free_deliberation(
+    decision_engine: DecisionEngine,
+) -> None:
+    """deliberate + contextual: the letters after the model's reasoning on the evidence, divided
+    by the letters after its reasoning on the content-free state ("N/A") with the same budget,
+    each of which is asked here as a plain deliberate decision of its own."""
+    decision_engine.content_free._held.clear()
+    [plain], _ = decide(decision_engine, [decision(deliberation_tokens=6)], ["decision"])
+    [free], _ = decide(
+        decision_engine, [decision(state="N/A", deliberation_tokens=6)], ["decision"]
+    )
+    [fixed], timing = decide(
+        decision_engine,
+        [decision(deliberation_tokens=6, bias_correction="contextual", return_reasoning=True)],
+        ["decision"],
+    )
+    assert fixed["readout"] == "deliberate-letter-logits"
+    assert fixed["bias_correction"] == "contextual"
+    assert fixed["option_logits"] == plain["option_logits"]
+    assert fixed["content_free_logits"] == free["option_logits"]
+    expected = np.asarray(plain["probabilities"]) / np.asarray(free["probabilities"])
+    np.testing.assert_allclose(fixed["probabilities"], expected / expected.sum(), atol=1e-12)
+    # The answer reports its own reasoning; the content-free one's tokens count in the timing.
+    assert fixed["deliberation"]["tokens"] == plain["deliberation"]["tokens"]
+    assert "text" in fixed["deliberation"]
+    assert timing["generated_tokens"] == (
+        plain["deliberation"]["tokens"] + free["deliberation"]["tokens"]
+    )
+    # Kept per option set and budget: the same budget again deliberates on N/A no more; another
+    # budget is another content-free answer.
+    before = decision_engine.content_free.hits
+    [again], timing = decide(
+        decision_engine,
+        [decision(deliberation_tokens=6, bias_correction="contextual")],
+        ["decision"],
+    )
+    assert decision_engine.content_free.hits > before
+    assert timing["generated_tokens"] == plain["deliberation"]["tokens"]
+    assert again["probabilities"] == fixed["probabilities"]
+    held = len(decision_engine.content_free)
+    [other], _ = decide(
+        decision_engine,
+        [decision(deliberation_tokens=2, bias_correction="contextual")],
+        ["decision"],
+    )
+    [free2], _ = decide(
+        decision_engine, [decision(state="N/A", deliberation_tokens=2)], ["decision"]
+    )
+    assert len(decision_engine.content_free) == held + 1
+    assert other["content_free_logits"] == free2["option_logits"]
 
 
 def test_a_system_one_question_deliberates(decision_engine: DecisionEngine) -> None:
@@ -225,7 +274,8 @@ def test_a_system_one_question_deliberates(decision_engine: DecisionEngine) -> N
                       "readout": "deliberate", "deliberation_tokens": 4,
                       "return_reasoning": True},
             "login": {"type": "noul", "instructions": "Is this a login problem?",
-                      "readout": "deliberate", "deliberation_tokens": 3},
+                      "readout": "deliberate", "deliberation_tokens": 3,
+                      "bias_correction": "contextual"},
             "urgency": {"type": "score", "criteria": ["not", "somewhat", "very"]},
         },
     }  # fmt: skip
@@ -238,6 +288,9 @@ def test_a_system_one_question_deliberates(decision_engine: DecisionEngine) -> N
     assert "text" in answers["queue"]["deliberation"]
     assert "text" not in answers["login"]["deliberation"]
     assert 0 < answers["login"]["noul"] < 1
+    assert answers["login"]["bias_correction"] == "contextual"
+    assert "content_free_logits" in out["semif"]["questions"]["login"]
+    assert "bias_correction" not in answers["queue"]
     assert answers["urgency"]["readout"] == "letter-logits"
     assert "deliberation" not in answers["urgency"]
     made = answers["queue"]["deliberation"]["tokens"] + answers["login"]["deliberation"]["tokens"]

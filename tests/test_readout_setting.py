@@ -122,7 +122,8 @@ def test_a_default_reads_by_letters_what_it_cannot_read(model_path: Path, start_
     corrected = decision(bias_correction="contextual")
     reply = server.call("POST", "/v1/decisions", corrected, timeout=120)
     assert reply.status == 200, reply.body
-    assert reply.json()["result"]["readout"] == "letter-logits"
+    assert reply.json()["result"]["readout"] == "deliberate-letter-logits"
+    assert reply.json()["result"]["bias_correction"] == "contextual"
     plain = server.call("POST", "/v1/decisions", decision(), timeout=120)
     assert plain.json()["result"]["readout"] == "deliberate-letter-logits"
 

@@ -91,7 +91,7 @@ def _read_as(decision: Decision, default: str, bias: str = DEFAULT_BIAS_CORRECTI
     server's defaults for decisions (SEMIF_READOUT, SEMIF_BIAS_CORRECTION)."""
     descriptions = [o.description for o in decision.options]
     fits = decision.answers() is not None
-    readout = resolved(decision.readout, default, descriptions, decision.bias_correction, fits)
+    readout = resolved(decision.readout, default, descriptions, fits)
     correction = corrected_by(decision.bias_correction, bias, readout)
     if (readout, correction) == (decision.readout, decision.bias_correction):
         return decision

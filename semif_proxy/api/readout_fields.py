@@ -43,25 +43,18 @@ def normalization_error(readout: str, normalization: str | None) -> str | None:
 
 
 def resolved(
-    asked: str | None,
-    default: str,
-    descriptions: Sequence[str],
-    bias_correction: str,
-    direct_fits: bool,
+    asked: str | None, default: str, descriptions: Sequence[str], direct_fits: bool
 ) -> str:
     """The readout a question is read by: its own `readout`, else the server's for its type
     (SEMIF_READOUT). A default answers every question: where the question is one the default
-    readout refuses (direct: not yes/no or levels; deliberate: over 26 options or a contextual
-    correction; continuation: an empty description), it is read by letters. The same readout
-    asked for by the request itself is refused there instead, naming the field."""
+    readout refuses (direct: not yes/no or levels; deliberate: over 26 options; continuation:
+    an empty description), it is read by letters. The same readout asked for by the request
+    itself is refused there instead, naming the field."""
     if asked is not None:
         return asked
     refused = (
         (default == "direct" and not direct_fits)
-        or (
-            default == "deliberate"
-            and (len(descriptions) > len(LETTERS) or bias_correction == "contextual")
-        )
+        or (default == "deliberate" and len(descriptions) > len(LETTERS))
         or (default == "continuation" and any(not d.strip() for d in descriptions))
     )
     return "letters" if refused else default
@@ -69,8 +62,8 @@ def resolved(
 
 def corrected_by(asked: str | None, default: str, readout: str) -> str:
     """The bias correction a question gets: its own `bias_correction`, else the server's for its
-    type (SEMIF_BIAS_CORRECTION), which leaves deliberate questions uncorrected (deliberate
-    refuses a correction it was not asked for by name)."""
+    type (SEMIF_BIAS_CORRECTION), which leaves deliberate questions uncorrected: their
+    content-free answer is a second deliberation, a cost asked for by name only."""
     if asked is not None:
         return asked
     return DEFAULT_BIAS_CORRECTION if readout == "deliberate" else default

@@ -70,7 +70,7 @@ def build_spec(
     spec = _options(qid, q, labels)
     fits = spec.kind != "choice" and direct_answers(spec.option_ids) is not None
     default = (defaults or Readouts()).for_type(spec.kind)
-    how = resolved(q.readout, default, spec.descriptions, q.bias_correction, fits)
+    how = resolved(q.readout, default, spec.descriptions, fits)
     bias = (biases or BiasCorrections()).for_type(spec.kind)
     correction = corrected_by(q.bias_correction, bias, how)
     problem = normalization_error(how, q.normalization)

@@ -10,9 +10,11 @@ the next request on other evidence reads them from memory.
 - pmi: a continuation's summed log-probability less the same option's summed log-probability
   after the content-free state.
 - contextual: the probabilities are softmax(z - z_cf) (z: the readout's log-scores, z_cf: the
-  same after the content-free state), which is the answer distribution divided by the
-  content-free one, renormalised. A position prior cancels out of the difference. With pmi the
-  content-free distribution is uniform (its pmi is 0), so the correction leaves it as it is.
+  same after the content-free state; for deliberate, the letters after the model's own
+  reasoning about the content-free state, kept per option set and budget), which is the
+  answer distribution divided by the content-free one, renormalised. A position prior cancels
+  out of the difference. With pmi the content-free distribution is uniform (its pmi is 0), so
+  the correction leaves it as it is.
 
 A part of DecisionEngine (worker.py), which holds what these read.
 """
@@ -26,7 +28,13 @@ from dataclasses import replace
 import numpy as np
 
 from semif_proxy import readout
-from semif_proxy.engine.questions import CONTINUATION, Evaluation, Question, Scored
+from semif_proxy.engine.questions import (
+    CONTINUATION,
+    DELIBERATE,
+    Evaluation,
+    Question,
+    Scored,
+)
 from semif_proxy.engine.readout_prompts import CONTENT_FREE_STATE
 
 
@@ -56,17 +64,22 @@ class ContentFreeCache:
 
 
 def key(q: Question, normalization: str) -> Hashable:
-    return (q.readout, normalization, q.question, q.descriptions, q.answers)
+    # A deliberate answer depends on how much the model may write first.
+    budget = q.deliberation_tokens if q.readout == DELIBERATE else None
+    return (q.readout, normalization, q.question, q.descriptions, q.answers, budget)
 
 
 def content_free(q: Question, normalization: str) -> Question:
-    """The question asked of the content-free state, read the same way, uncorrected."""
+    """The question asked of the content-free state, read the same way (deliberate: it writes
+    its own reasoning about "N/A" with the same budget, and its letters are read after that),
+    uncorrected."""
     return replace(
         q,
         state=CONTENT_FREE_STATE,
         normalization=normalization,
         bias_correction="none",
         return_prompt=False,
+        return_reasoning=False,
     )
 
 

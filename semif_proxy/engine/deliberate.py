@@ -90,12 +90,6 @@ class DeliberateScoring:
                 f"{DELIBERATE_LABELS.limit} options, not {len(q.descriptions)}",
                 field=f"{q.path}.readout",
             )
-        if q.bias_correction == "contextual":
-            # Content-free answers are kept by option set (bias.py), not by budget.
-            raise InvalidRequest(
-                f"{q.path}.bias_correction: contextual does not combine with readout deliberate",
-                field=f"{q.path}.bias_correction",
-            )
         if self._cue_problem:
             raise InvalidRequest(
                 f"{q.path}.readout: deliberate is unavailable for this model: "
