@@ -4,17 +4,16 @@ contextual bias correction (Zhao et al. 2021, "Calibrate before use") for any re
 A question that needs them is asked a second time with the state replaced by a content-free
 one ("N/A"), in the same request (its tokens count against the same budget; every such
 question of a request shares that one state's prefill). Its numbers are kept per option set
-(the readout, the question text, the listed descriptions in their order, the answer words), so
-the next request on other evidence reads them from memory.
+(the readout, the question text, the listed descriptions in their order, the answer words, a
+deliberate question's budget), so the next request on other evidence reads them from memory.
 
 - pmi: a continuation's summed log-probability less the same option's summed log-probability
   after the content-free state.
 - contextual: the probabilities are softmax(z - z_cf) (z: the readout's log-scores, z_cf: the
   same after the content-free state; for deliberate, the letters after the model's own
-  reasoning about the content-free state, kept per option set and budget), which is the
-  answer distribution divided by the content-free one, renormalised. A position prior cancels
-  out of the difference. With pmi the content-free distribution is uniform (its pmi is 0), so
-  the correction leaves it as it is.
+  reasoning about it), which is the answer distribution divided by the content-free one,
+  renormalised. A position prior cancels out of the difference. With pmi the content-free
+  distribution is uniform (its pmi is 0), so the correction leaves it as it is.
 
 A part of DecisionEngine (worker.py), which holds what these read.
 """
@@ -112,17 +111,17 @@ class BiasCorrection:
         wanted = {(i, n): key(q, n) for i, q in enumerate(questions) for n in needs(q)}
         if not wanted:
             return self._evaluate(questions)
+        # Held answers are read once, before the fresh ones are put: a put may evict them.
+        held = {k: self.content_free.get(k) for k in set(wanted.values())}
         missing: dict[Hashable, Question] = {}
         for (i, n), k in wanted.items():
-            if k not in missing and self.content_free.get(k) is None:
+            if held[k] is None and k not in missing:
                 missing[k] = content_free(questions[i], n)
         evaluation = self._evaluate([*questions, *missing.values()])
         rows = evaluation.scored[: len(questions)]
-        fresh = dict(zip(missing, evaluation.scored[len(questions) :]))
-        for k, row in fresh.items():
+        for k, row in zip(missing, evaluation.scored[len(questions) :]):
             self.content_free.put(k, row.option_logits)
-        held = {k: fresh[k].option_logits if k in fresh else self.content_free.get(k) for k in
-                set(wanted.values())}  # fmt: skip
+            held[k] = row.option_logits
         out = list(rows)
         for i, q in enumerate(questions):
             ns = needs(q)
