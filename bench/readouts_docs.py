@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import readouts_failures as failures
+from bench.readouts import PER_TYPE
 
 PAGE = Path("docs") / "readouts.md"
 PLOT = Path("docs") / "img" / "readouts.png"
@@ -101,7 +102,9 @@ def verdicts(all_summaries: list[dict[str, Any]]) -> list[str]:
         f"A readout becomes the server's default (SEMIF_READOUT, per question type where the "
         f"evidence is per type) once, on `{failures.REALISTIC}` over all {failures.TASKS} tasks "
         f"in one option order, its paired difference against letters has a 95 % interval "
-        f"above zero at no more than {MAX_COST:g}x letters' p50 latency.",
+        f"above zero at no more than {MAX_COST:g}x letters' p50 latency. A run by question "
+        f"type ({', '.join(f'`{c}`' for c in PER_TYPE)}) is judged through the runs it is made "
+        "of: each of its types is one of theirs.",
         "",
     ]
     realistic = next((s for s in all_summaries if s["tag"] == failures.REALISTIC), None)
@@ -109,7 +112,7 @@ def verdicts(all_summaries: list[dict[str, Any]]) -> list[str]:
     runs = (realistic or {}).get("runs", {})
     base = runs.get("letters@1", {}).get("by", {}).get("all", {}).get("all", {}).get("n", 0)
     for name, r in runs.items():
-        if r["permutations"] != "1" or r["config"] == "letters":
+        if r["permutations"] != "1" or r["config"] == "letters" or r["config"] in PER_TYPE:
             continue
         for kind, c in r["by"]["all"].items():
             if kind == "choice" and r["config"].startswith("direct"):

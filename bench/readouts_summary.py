@@ -16,7 +16,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from bench.readouts import CONFIGS
+from bench.readouts import NAMES
 from bench.readouts_rows import read_rows
 from bench.readouts_stats import RESAMPLES, SEED, ece, paired_bootstrap, percentile, wilson
 
@@ -93,7 +93,7 @@ def cell(rows: list[dict[str, Any]], letters: dict[tuple[str, str], dict[str, An
 def summarise(rows: list[dict[str, Any]], header: dict[str, Any] | None, tag: str) -> dict:
     ok = [r for r in rows if "error" not in r]
     runs: dict[str, Any] = {}
-    known = list(CONFIGS)
+    known = list(NAMES)
     configs = sorted(
         {r["config"] for r in rows},
         key=lambda c: (c not in known, known.index(c) if c in known else 0, c),

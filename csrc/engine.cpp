@@ -280,12 +280,15 @@ void Engine::decode_or_throw(const Batch& batch, const char* what) {
         rc = llama_decode(ctx_.get(), batch.get());
         threads_now_.store(0, std::memory_order_release);
         if (rc == 2) {  // llama_decode's code for "aborted by the callback"
+            // Stopped on purpose, by an abort (a client that hung up, a deadline) or a
+            // preemption: llama.cpp's "failed to compute" / "failed to decode" error lines for
+            // this ubatch would alarm whoever reads the log, and nothing failed.
+            drop_log_lines_since(mark);
             check_abort();
             // Not aborted: preempted (fewer threads wanted). Its cells are removed again, so
             // the same batch goes to the same free cells on the new count and gives the same
             // numbers (tested bit for bit); the work lost is what the ubatch had done so far.
             preempts_.fetch_add(1, std::memory_order_relaxed);
-            drop_log_lines_since(mark);  // its "failed to compute" lines: expected here
             take_back(batch);
         }
     } while (rc == 2);

@@ -90,6 +90,14 @@ NOTES: dict[str, dict[str, str]] = {
         '`{"noul": "direct", "score": "direct"}` (`default`: the types not named). '
         "A request's own `readout` wins (docs/readouts.md).",
     },
+    "SEMIF_NORMALIZATION": {
+        "more": "One name for every type, or JSON by question type as SEMIF_READOUT. It applies "
+        "only to questions read by continuation (SEMIF_READOUT or the request's `readout`); a "
+        "request's own `normalization` wins. The most accurate configuration on JevBench so far "
+        'is SEMIF_READOUT=`{"choice": "continuation"}`, SEMIF_NORMALIZATION=`pmi`, '
+        'SEMIF_BIAS_CORRECTION=`{"noul": "contextual", "score": "contextual"}`, at a cost '
+        "(docs/readouts.md).",
+    },
     "SEMIF_BIAS_CORRECTION": {
         "more": "`none` or `contextual` (the answers after a content-free state divided out); one "
         "name for every type, or JSON by question type as SEMIF_READOUT (one name, or a JSON "
@@ -384,7 +392,7 @@ def _kind(name: str, info: Any, bools: set[str]) -> str:
             if getattr(meta, attr, None) is not None:
                 bounds.append(f"{sign} {getattr(meta, attr)}")
     label = {int: "integer", float: "number", str: "text", Path: "path"}.get(base)
-    if getattr(base, "__name__", "") in ("Readouts", "BiasCorrections"):
+    if getattr(base, "__module__", "") == "semif_proxy.settings.readouts":  # names per type
         label = "a name, or JSON by question type"
     elif label is None:
         label = "a number, JSON or a file"

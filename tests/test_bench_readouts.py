@@ -303,3 +303,67 @@ def test_every_task_is_timed_from_a_cold_state(decision_engine) -> None:
         assert row["cold"] is True and row["engine_timing"]["prefix_reused_tokens"] == 0
     assert again["engine_timing"]["prefill_seconds"] > 0
     assert len(decision_engine.cache) <= 2  # only the last task's: its state, the content-free one
+
+
+def test_a_config_by_type_asks_each_type_as_the_config_it_names(tmp_path: Path) -> None:
+    """`per-type` is no readout of its own: each question type is asked with exactly the
+    fields of the config it names there, so that config's row is its row (copied)."""
+    (tmp_path / "easy.jsonl").write_text("".join(json.dumps(t) + "\n" for t in TASKS))
+    tasks = readouts.load_tasks(tmp_path, ["easy"], None)
+    for task in tasks:
+        named = readouts.PER_TYPE["per-type"][task.kind]
+        assert readouts.body_for(task, "per-type", "1") == readouts.body_for(task, named, "1")
+        assert readouts.twin("per-type", task.kind) == named
+        row = {"config": named, "split": task.file, "id": task.id, "cold": True}
+        copy = readouts.copied({(named, "1", task.file, task.id): row}, task, "per-type", "1")
+        assert copy == row | {"config": "per-type", "copied_from": named}
+    assert readouts.parse_args(["--configs", "per-type", "--summary"]).configs == ["per-type"]
+
+
+def _rows(config: str, right: dict[tuple[str, str], set[int]], seconds: float = 1.0) -> dict:
+    """231 rows of one run: task i is of type ("choice", "noul", "score")[i % 3], the first
+    120 in easy/original, the rest hard; right where its (split part, type) set holds i."""
+    out = {}
+    for i in range(231):
+        kind = ("choice", "noul", "score")[i % 3]
+        split = ("easy", "original")[i % 2] if i < 120 else "hard"
+        part = "dev" if i < 120 else "hard"
+        out[(split, f"t{i}")] = {
+            "config": config, "permutations": "1", "split": split, "id": f"t{i}", "type": kind,
+            "correct": i in right.get((part, kind), set()), "seconds": seconds,
+        }  # fmt: skip
+    return out
+
+
+def test_the_config_by_type_is_checked_against_the_tasks_that_did_not_choose_it() -> None:
+    from bench.readouts_failures import chosen_per_type, held_out
+
+    everything = set(range(231))
+    pmi = _rows("continuation-pmi", {("dev", "choice"): everything, ("hard", "choice"): {120}})
+    lc = _rows(
+        "letters+contextual",
+        {("dev", "noul"): everything, ("dev", "score"): everything, ("hard", "noul"): {121, 124}},
+    )
+    # As many right on dev as pmi on choices, slower: the tie goes to the faster one.
+    slow = _rows("deliberate", {("dev", "choice"): everything}, seconds=9.0)
+    mix = {
+        k: (pmi if r["type"] == "choice" else lc)[k] | {"config": "per-type"}
+        for k, r in pmi.items()
+    }
+    runs = {"continuation-pmi@1": pmi, "letters+contextual@1": lc, "deliberate@1": slow}
+    chosen = chosen_per_type(runs)
+    assert chosen == {
+        "choice": ("continuation-pmi@1", 40, 40),
+        "noul": ("letters+contextual@1", 40, 40),
+        "score": ("letters+contextual@1", 40, 40),
+    }
+    [text, _] = held_out({**runs, "per-type@1": mix}, "per-type@1")
+    assert "(the same)." in text
+    # Hard: pmi gets task 120 (a choice), letters+contextual 121 and 124 (yes/no): the mix all 3.
+    assert "On the 111 tasks that did not choose it (hard) it gets 3, against 2 " in text
+    assert "(`letters+contextual@1`)" in text
+    # Rows that would choose another config now are said to.
+    runs["deliberate@1"] = _rows("deliberate", {("dev", "choice"): everything}, seconds=0.5)
+    [text, _] = held_out({**runs, "per-type@1": mix}, "per-type@1")
+    assert "no longer the same" in text and "choice `deliberate@1` (40/40)" in text
+    assert held_out(runs, "letters+contextual@1") == []  # a run of one config: nothing to say

@@ -119,6 +119,53 @@ def test_a_preempted_batch_of_option_suffixes_gives_the_same_bits(
         engine.reset()
 
 
+def test_an_abort_inside_a_ubatch_logs_no_error_and_leaves_the_engine_clean(
+    engine: native.Engine, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An abort lands inside llama_decode (a client hung up mid-prefill): the call ends with
+    ERR_ABORTED, and llama.cpp's own "failed to compute graph" / "failed to decode" error lines
+    for that ubatch are not logged (nothing failed: the bridge would show them as errors);
+    the next call gives the numbers an uninterrupted one does."""
+    prompt = engine.tokenize(LONG_STATE, add_special=True)
+    ids = [engine.tokenize(c, parse_special=False)[0] for c in "ABCD"]
+    failure: list[BaseException] = []
+
+    def score() -> None:
+        try:
+            engine.score(prompt, [[]], ids)
+        except BaseException as exc:  # handed to the test thread
+            failure.append(exc)
+
+    try:
+        engine.set_threads(0)
+        engine.reset()
+        whole = engine.score(prompt, [[]], ids)
+        engine.reset()
+        evaluated = engine.tokens_evaluated
+        job = threading.Thread(target=score)
+        with caplog.at_level(logging.DEBUG, logger="semif_proxy.llama"):
+            job.start()
+            deadline = time.monotonic() + 60
+            while engine.threads_now == 0:  # spun, not polled: the ubatch takes well under 1 s
+                assert time.monotonic() < deadline, "the prompt never reached llama_decode"
+            engine.abort()
+            job.join(60)
+        assert not job.is_alive()
+        assert failure and isinstance(failure[0], native.LlamaError), failure
+        assert failure[0].code == native.ERR_ABORTED
+        # Inside the first ubatch, not between two: nothing of the prompt was evaluated.
+        assert engine.tokens_evaluated == evaluated
+        alarms = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+        assert not alarms, alarms
+        engine.clear_abort()
+        again = engine.score(prompt, [[]], ids)
+        np.testing.assert_array_equal(again[0], whole[0])
+        np.testing.assert_array_equal(again[1], whole[1])
+    finally:
+        engine.clear_abort()
+        engine.reset()
+
+
 def test_a_preempted_prefix_and_question_in_one_ubatch_give_the_same_bits(
     engine: native.Engine,
 ) -> None:

@@ -246,3 +246,85 @@ def test_a_bad_bias_correction_setting_names_the_variable(tmp_path: Path) -> Non
     typed = load_settings({"SEMIF_BIAS_CORRECTION": '{"noul": "contextual"}'}, model=str(model))
     assert typed.bias_correction.for_type("noul") == "contextual"
     assert typed.bias_correction.for_type("choice") == "none"
+
+
+# The best configuration on JevBench found so far, as a server's defaults (docs/readouts.md):
+# choices read by continuation with PMI, yes/no and scores by letters, contextually corrected.
+PER_TYPE = {
+    "SEMIF_READOUT": '{"choice": "continuation"}',
+    "SEMIF_NORMALIZATION": "pmi",
+    "SEMIF_BIAS_CORRECTION": '{"noul": "contextual", "score": "contextual"}',
+}
+
+
+def test_a_server_normalization_applies_to_continuations_that_name_none(
+    model_path: Path, start_app
+) -> None:
+    """SEMIF_NORMALIZATION: a question read by continuation that names no normalisation is
+    read exactly as one that names the server's; a request's own wins; questions read by
+    another readout are untouched (and still refuse a normalisation of their own)."""
+    questions = {
+        "refund": {"type": "noul", "instructions": "Is a refund owed?"},
+        "urgency": {"type": "score", "instructions": "How urgent?", "criteria": ["low", "high"]},
+        "queue": {"type": "choice", "criteria": {"billing": None, "login": None}},
+    }
+    named = {
+        "refund": {**questions["refund"], "bias_correction": "contextual"},
+        "urgency": {**questions["urgency"], "bias_correction": "contextual"},
+        "queue": {**questions["queue"], "readout": "continuation", "normalization": "pmi"},
+    }
+    server = start_app(model_path, PER_TYPE)
+    health = server.call("GET", "/health").json()
+    assert health["default_normalization"] == {"default": "pmi"}
+    assert health["default_readout"] == {"default": "letters", "choice": "continuation"}
+    unnamed = server.call("POST", "/v1/systemone", system_one(**questions), timeout=120)
+    by_name = server.call("POST", "/v1/systemone", system_one(**named), timeout=120)
+    assert unnamed.status == by_name.status == 200, (unnamed.body, by_name.body)
+    got, want = unnamed.json()["answers"], by_name.json()["answers"]
+    assert got["queue"]["readout"] == "continuation-logprobs"
+    assert got["queue"]["normalization"] == "pmi"
+    assert got["queue"]["choice"] == want["queue"]["choice"]  # the same reading, bit for bit
+    for qid, kind in (("refund", "noul"), ("urgency", "score")):
+        assert got[qid]["readout"] == "letter-logits" and "normalization" not in got[qid]
+        assert got[qid]["bias_correction"] == "contextual"
+        assert got[qid][kind] == want[qid][kind]
+
+    own = {"queue": {**questions["queue"], "normalization": "sum"}}
+    summed = server.call("POST", "/v1/systemone", system_one(**own), timeout=120).json()
+    assert summed["answers"]["queue"]["normalization"] == "sum"
+    assert summed["answers"]["queue"]["choice"] != got["queue"]["choice"]
+    # A decision is read by letters here: the server's normalisation does not touch it, and
+    # one of its own is refused there as before, naming the field ...
+    letters = server.call("POST", "/v1/decisions", decision(), timeout=120).json()["result"]
+    assert letters["readout"] == "letter-logits" and "normalization" not in letters
+    refused = server.call("POST", "/v1/decisions", decision(normalization="mean"), timeout=120)
+    assert refused.status == 400 and "decision.normalization" in refused.body.decode()
+    # ... and asked by continuation without one, it gets the server's.
+    cont = server.call("POST", "/v1/decisions", decision(readout="continuation"), timeout=120)
+    assert cont.status == 200 and cont.json()["result"]["normalization"] == "pmi"
+
+
+@pytest.mark.parametrize(
+    ("value", "choice", "noul"),
+    [
+        (None, "mean", "mean"),
+        ("PMI", "pmi", "pmi"),
+        ('{"choice": "pmi"}', "pmi", "mean"),
+        ('{"default": "sum", "noul": "mean"}', "sum", "mean"),
+    ],
+)
+def test_normalization_setting_by_type(value: str | None, choice: str, noul: str) -> None:
+    from semif_proxy.settings.readouts import Normalizations, parse_normalizations
+
+    got = Normalizations() if value is None else parse_normalizations(value)
+    assert (got.for_type("choice"), got.for_type("noul")) == (choice, noul)
+
+
+def test_a_bad_normalization_setting_names_the_variable(tmp_path: Path) -> None:
+    from semif_proxy.settings import SettingsError, load_settings
+
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"GGUF")
+    for value in ("average", '{"choice": "max"}', '{"kind": "pmi"}', "{"):
+        with pytest.raises(SettingsError, match="SEMIF_NORMALIZATION"):
+            load_settings({"SEMIF_NORMALIZATION": value}, model=str(model))

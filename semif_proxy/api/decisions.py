@@ -56,11 +56,13 @@ def parse_request(
     max_options: int | None = None,
     default_readout: str = DEFAULT_READOUT,
     default_bias: str = DEFAULT_BIAS_CORRECTION,
+    default_normalization: str = DEFAULT_NORMALIZATION,
 ) -> DecisionRequest:
     """Validate a body of either shape (400/413 with the exact field on failure); the count
     limits are SEMIF_MAX_DECISIONS and SEMIF_MAX_OPTIONS on the server, none on the command
     line (past the API's own 255 options). A decision that names no readout gets
-    `default_readout` (SEMIF_READOUT's for decisions), so that it is checked as it is read."""
+    `default_readout` (SEMIF_READOUT's for decisions), so that it is checked as it is read;
+    likewise its bias correction and, read by continuation, its normalisation."""
     if max_decisions is not None and isinstance(body.get("decisions"), list):
         # Counted before validation: validating (and reporting) a million bad entries is
         # seconds of work and gigabytes of error objects on the event loop.
@@ -75,27 +77,41 @@ def parse_request(
                 check_count(len(options), f"{path}.options", max_options, "SEMIF_MAX_OPTIONS")
     if "decision" in body:
         single = parse(SingleRequest, body)
-        asked = [_read_as(single.decision, default_readout, default_bias)]
+        asked = [_read_as(single.decision, default_readout, default_bias, default_normalization)]
         check_readouts(asked, ["decision"])
         return DecisionRequest(asked, ["decision"], single=True)
     shared = parse(SharedRequest, body)
     check_shared(shared)
     paths = [f"decisions[{i}]" for i in range(len(shared.decisions))]
-    asked = [_read_as(d, default_readout, default_bias) for d in shared.decisions]
+    asked = [
+        _read_as(d, default_readout, default_bias, default_normalization) for d in shared.decisions
+    ]
     check_readouts(asked, paths)
     return DecisionRequest(asked, paths, single=False)
 
 
-def _read_as(decision: Decision, default: str, bias: str = DEFAULT_BIAS_CORRECTION) -> Decision:
-    """The decision with the readout and bias correction it is read by: its own, else the
-    server's defaults for decisions (SEMIF_READOUT, SEMIF_BIAS_CORRECTION)."""
+def _read_as(
+    decision: Decision,
+    default: str,
+    bias: str = DEFAULT_BIAS_CORRECTION,
+    normalization: str = DEFAULT_NORMALIZATION,
+) -> Decision:
+    """The decision with the readout, bias correction and normalisation it is read by: its
+    own, else the server's defaults for decisions (SEMIF_READOUT, SEMIF_BIAS_CORRECTION,
+    SEMIF_NORMALIZATION: a continuation's only)."""
     descriptions = [o.description for o in decision.options]
     fits = decision.answers() is not None
     readout = resolved(decision.readout, default, descriptions, fits)
     correction = corrected_by(decision.bias_correction, bias, readout)
-    if (readout, correction) == (decision.readout, decision.bias_correction):
+    norm = decision.normalization
+    if norm is None and readout == "continuation":
+        norm = normalization
+    read = (readout, correction, norm)
+    if read == (decision.readout, decision.bias_correction, decision.normalization):
         return decision
-    return decision.model_copy(update={"readout": readout, "bias_correction": correction})
+    return decision.model_copy(
+        update={"readout": readout, "bias_correction": correction, "normalization": norm}
+    )
 
 
 def rotated_questions(
@@ -107,11 +123,12 @@ def rotated_questions(
     temperature = settings.temperature.for_type("decision")
     prior = settings.position_prior
     # Decisions that reach here unparsed (tests, eval's rows) get the server's readout too.
-    default, bias = (
+    default, bias, norm = (
         settings.readout.for_type("decision"),
         settings.bias_correction.for_type("decision"),
+        settings.normalization.for_type("decision"),
     )
-    decisions = [_read_as(d, default, bias) for d in decisions]
+    decisions = [_read_as(d, default, bias, norm) for d in decisions]
     return [
         rotated(
             Question(

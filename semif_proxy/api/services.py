@@ -88,6 +88,7 @@ class Decisions:
         defaults = {
             "default_readout": settings.readout.for_type("decision"),
             "default_bias": settings.bias_correction.for_type("decision"),
+            "default_normalization": settings.normalization.for_type("decision"),
         }
         if not self.limited:
             return decisions.parse_request(body, **defaults)

@@ -120,7 +120,15 @@ def checked(parsed: Parsed, settings: Settings, sha256: str) -> tuple[str, list[
         raise schema_error(["model"], f"unknown model {parsed.model!r}; available: {available}")
     most = settings.max_deliberation_tokens
     return served, [
-        build_spec(qid, q, settings.labels, settings.readout, most, settings.bias_correction)
+        build_spec(
+            qid,
+            q,
+            settings.labels,
+            settings.readout,
+            most,
+            settings.bias_correction,
+            settings.normalization,
+        )
         for qid, q in parsed.questions.items()
     ]
 

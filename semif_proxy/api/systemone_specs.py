@@ -28,7 +28,7 @@ from semif_proxy.api.systemone_schemas import (
     schema_error,
 )
 from semif_proxy.engine.prompt import NUMBER_LABELS, labels_for
-from semif_proxy.settings.readouts import BiasCorrections, Readouts
+from semif_proxy.settings.readouts import BiasCorrections, Normalizations, Readouts
 
 
 def _text(value: Content | None) -> str:
@@ -62,11 +62,12 @@ def build_spec(
     defaults: Readouts | None = None,
     most: int | None = None,
     biases: BiasCorrections | None = None,
+    normalizations: Normalizations | None = None,
 ) -> Spec:
     """A question as the engine asks it, read as it asks (422 at its readout fields when they
     do not fit it). `labels`: SEMIF_LABELS (lettered options lettered or numbered);
     `defaults`: SEMIF_READOUT; `most`: SEMIF_MAX_DELIBERATION_TOKENS; `biases`:
-    SEMIF_BIAS_CORRECTION."""
+    SEMIF_BIAS_CORRECTION; `normalizations`: SEMIF_NORMALIZATION (a continuation's only)."""
     spec = _options(qid, q, labels)
     fits = spec.kind != "choice" and direct_answers(spec.option_ids) is not None
     default = (defaults or Readouts()).for_type(spec.kind)
@@ -84,7 +85,12 @@ def build_spec(
     return replace(
         spec,
         readout=how,
-        normalization=q.normalization or DEFAULT_NORMALIZATION,
+        normalization=q.normalization
+        or (
+            (normalizations or Normalizations()).for_type(spec.kind)
+            if how == "continuation"
+            else DEFAULT_NORMALIZATION
+        ),
         bias_correction=correction,
         answers=direct_answers(spec.option_ids) if how == "direct" else None,
         deliberation_tokens=q.deliberation_tokens,

@@ -103,10 +103,12 @@ async def _load_engine(app: web.Application) -> None:
         app[ENGINE].load_over.set()
     app[ENGINE].engine = engine
     app[CPU_POLICY].attach(engine=engine)
-    # How a question that names none is read (SEMIF_READOUT, SEMIF_BIAS_CORRECTION), said once.
+    # How a question that names none is read (SEMIF_READOUT, _NORMALIZATION, _BIAS_CORRECTION),
+    # said once.
     settings = app[SETTINGS]
     defaults = {
         "default_readout": settings.readout.describe(),
+        "default_normalization": settings.normalization.describe(),
         "default_bias_correction": settings.bias_correction.describe(),
     }
     extra = {"event": "engine_ready", **engine.model_info, **defaults}

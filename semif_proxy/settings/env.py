@@ -18,7 +18,11 @@ from semif_proxy.engine.prompt import labels_for
 from semif_proxy.llama_server import ports
 from semif_proxy.llama_server.args import PREFIX, LlamaArgsError, llama_server_args
 from semif_proxy.model.files import ModelNotFoundError, discover_model
-from semif_proxy.settings.readouts import parse_bias_corrections, parse_readouts
+from semif_proxy.settings.readouts import (
+    parse_bias_corrections,
+    parse_normalizations,
+    parse_readouts,
+)
 from semif_proxy.settings.schema import FALSE_WORDS, TRUE_WORDS, Settings, SettingsError
 
 # Settings field -> (environment variable, fallback SM_LLAMA_CPP_* variables)
@@ -63,6 +67,7 @@ ENV_VARS: dict[str, tuple[str, tuple[str, ...]]] = {
     "prefix_cache_mb": ("SEMIF_PREFIX_CACHE_MB", ()),
     "permutations": ("SEMIF_PERMUTATIONS", ()),
     "readout": ("SEMIF_READOUT", ()),
+    "normalization": ("SEMIF_NORMALIZATION", ()),
     "bias_correction": ("SEMIF_BIAS_CORRECTION", ()),
     "max_deliberation_tokens": ("SEMIF_MAX_DELIBERATION_TOKENS", ()),
     "labels": ("SEMIF_LABELS", ()),
@@ -105,6 +110,8 @@ def _raw_values(env: Mapping[str, str]) -> tuple[dict[str, Any], dict[str, str]]
                         sources["position_prior"] = var
                     elif field == "readout":
                         values[field] = parse_readouts(raw)
+                    elif field == "normalization":
+                        values[field] = parse_normalizations(raw)
                     elif field == "bias_correction":
                         values[field] = parse_bias_corrections(raw)
                     elif field == "min_confidence":

@@ -1,8 +1,9 @@
-"""SEMIF_READOUT and SEMIF_BIAS_CORRECTION: how a decision or System One question is read when
-it says nothing of it (issue #35). Each is one word for every question type ("continuation",
-"contextual"), or a JSON object by type as SEMIF_CALIBRATION's temperatures are given
-(`{"noul": "direct", "score": "direct"}`; `default` for the types not named). A request's own
-`readout` / `bias_correction` always wins.
+"""SEMIF_READOUT, SEMIF_NORMALIZATION and SEMIF_BIAS_CORRECTION: how a decision or System One
+question is read when it says nothing of it (issue #35). Each is one word for every question
+type ("continuation", "pmi", "contextual"), or a JSON object by type as SEMIF_CALIBRATION's
+temperatures are given (`{"noul": "direct", "score": "direct"}`; `default` for the types not
+named). A request's own `readout` / `normalization` / `bias_correction` always wins; a
+normalisation applies to questions read by continuation only.
 
 `direct` reads yes/no and score answers only, so it may be the default of `noul` and `score`
 alone: a server default that refused every other question would be no default."""
@@ -17,10 +18,12 @@ from pydantic import BaseModel, ConfigDict, model_validator
 from semif_proxy.settings.defaults import (
     DEFAULT_BIAS_CORRECTION,
     DEFAULT_BIAS_CORRECTION_BY_TYPE,
+    DEFAULT_NORMALIZATION,
     DEFAULT_READOUT,
 )
 
 READOUT_NAMES = ("letters", "continuation", "direct", "deliberate")
+NORMALIZATION_NAMES = ("sum", "mean", "pmi")
 BIAS_CORRECTION_NAMES = ("none", "contextual")
 DIRECT_TYPES = ("noul", "score")
 
@@ -84,6 +87,12 @@ class Readouts(_PerType):
             )
 
 
+class Normalizations(_PerType):
+    names: ClassVar[tuple[str, ...]] = NORMALIZATION_NAMES
+    what: ClassVar[str] = "a continuation's normalization"
+    default: str = DEFAULT_NORMALIZATION
+
+
 class BiasCorrections(_PerType):
     names: ClassVar[tuple[str, ...]] = BIAS_CORRECTION_NAMES
     what: ClassVar[str] = "a bias correction"
@@ -130,6 +139,10 @@ def parse_readouts(value: str) -> Readouts:
     return parse_per_type(value, Readouts)
 
 
+def parse_normalizations(value: str) -> Normalizations:
+    return parse_per_type(value, Normalizations)
+
+
 def parse_bias_corrections(value: str) -> BiasCorrections:
     return parse_per_type(value, BiasCorrections)
 
@@ -137,9 +150,12 @@ def parse_bias_corrections(value: str) -> BiasCorrections:
 __all__ = [
     "BIAS_CORRECTION_NAMES",
     "DIRECT_TYPES",
+    "NORMALIZATION_NAMES",
     "READOUT_NAMES",
     "BiasCorrections",
+    "Normalizations",
     "Readouts",
     "parse_bias_corrections",
+    "parse_normalizations",
     "parse_readouts",
 ]

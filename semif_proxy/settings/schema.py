@@ -24,7 +24,7 @@ from semif_proxy.settings.defaults import (
     UBATCH_CPU,
     UBATCH_GPU,
 )
-from semif_proxy.settings.readouts import BiasCorrections, Readouts
+from semif_proxy.settings.readouts import BiasCorrections, Normalizations, Readouts
 
 # The words read as on and off (SEMIF_CHAT=off, SM_LLAMA_CPP_REPACK=true, ...).
 TRUE_WORDS = frozenset({"1", "true", "on", "yes"})
@@ -129,6 +129,10 @@ class Settings(BaseModel):
     permutations: int = Field(1, ge=1, le=MAX_OPTIONS)
     # The readout of a question that names none, per question type (settings/readouts.py).
     readout: Readouts = Readouts()
+    # A continuation's normalisation where the question names none, per type
+    # (settings/readouts.py): `mean` (per token), `sum`, or `pmi` (divided by the option's
+    # probability after a content-free state).
+    normalization: Normalizations = Normalizations()
     # The bias correction of a question that names none, per type (settings/readouts.py).
     bias_correction: BiasCorrections = BiasCorrections()
     # The most tokens a `deliberate` question may let the model write before its answer is read

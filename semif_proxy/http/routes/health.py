@@ -110,6 +110,7 @@ async def health(request: web.Request) -> web.Response:
         body["model"] = engine.model_info
         settings = app[SETTINGS]
         body["default_readout"] = settings.readout.shown()
+        body["default_normalization"] = settings.normalization.shown()
         body["default_bias_correction"] = settings.bias_correction.shown()
         body["prefix_cache"] = {
             "entries": len(engine.cache),
