@@ -68,7 +68,7 @@ CONFIGS: dict[str, dict[str, str]] = {
 # right answers there (readouts_failures.chosen_per_type says so from the rows), so the hard
 # split, which did not choose it, tells how it does on questions it was not fitted to. As a
 # server's defaults: SEMIF_READOUT={"choice": "continuation"}, SEMIF_NORMALIZATION=pmi,
-# SEMIF_BIAS_CORRECTION={"noul": "contextual", "score": "contextual"} (docs/config.md).
+# SEMIF_BIAS_CORRECTION={"noul": "contextual", "score": "contextual"} (docs/configuration.md).
 PER_TYPE: dict[str, dict[str, str]] = {
     "per-type": {
         "choice": "continuation-pmi",

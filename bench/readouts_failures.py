@@ -16,7 +16,7 @@ from typing import Any
 
 from bench.readouts import PER_TYPE
 from bench.readouts_rows import read_rows
-from bench.readouts_stats import percentile
+from bench.readouts_stats import paired_bootstrap, percentile
 from bench.readouts_summary import cell
 
 REALISTIC = "qwen2.5-1.5b"
@@ -61,48 +61,59 @@ def best_run(runs: dict[str, dict[tuple[str, str], dict[str, Any]]]) -> str | No
     )
 
 
-def chosen_per_type(
-    runs: dict[str, dict[tuple[str, str], dict[str, Any]]], splits: tuple[str, ...] = DEV
-) -> dict[str, tuple[str, int, int]]:
+Runs = dict[str, dict[tuple[str, str], dict[str, Any]]]
+
+
+def _best_one_order(runs: Runs, keep: Any, own_rows: bool) -> tuple[str, int, int] | None:
+    """The one-order run of a single config with the most right answers over the rows `keep`
+    takes (ties: fewer seconds), among those that answered all of them: (run, right, n). With
+    `own_rows`, rows copied from a twin config do not count (the twin is the one to name)."""
+    wanted = max((sum(map(keep, got.values())) for got in runs.values()), default=0)
+    best: tuple[int, float, str, int] | None = None
+    for name, got in runs.items():
+        config, spec = name.rsplit("@", 1)
+        if spec != "1" or config in PER_TYPE:
+            continue
+        mine = [r for r in got.values() if keep(r) and not (own_rows and "copied_from" in r)]
+        if not mine or len(mine) < wanted:
+            continue
+        key = (sum(bool(r["correct"]) for r in mine), -sum(r["seconds"] for r in mine))
+        if best is None or key > best[:2]:
+            best = (*key, name, len(mine))
+    return (best[2], best[0], best[3]) if best else None
+
+
+def chosen_per_type(runs: Runs, splits: tuple[str, ...] = DEV) -> dict[str, tuple[str, int, int]]:
     """Per question type, the one-order run of a single config with the most right answers on
-    `splits` (ties: fewer seconds there), among those that answered every such task: (run,
-    right, n). What PER_TYPE's `per-type` was chosen by, so the page can say the rows still
-    choose it."""
+    `splits` (ties: fewer seconds there), among those that answered every such task with rows
+    of their own: (run, right, n). What PER_TYPE's `per-type` was chosen by, so the page can
+    say the rows still choose it."""
     out: dict[str, tuple[str, int, int]] = {}
-    kinds = {r["type"] for got in runs.values() for r in got.values()}
-    for kind in sorted(kinds):
-        best: tuple[int, float, str, int] | None = None
-        for name, got in runs.items():
-            config, spec = name.rsplit("@", 1)
-            if spec != "1" or config in PER_TYPE:
-                continue
-            mine = [r for r in got.values() if r["type"] == kind and r["split"] in splits]
-            if not mine or len(mine) < max(_dev_count(runs, kind, splits), 1):
-                continue
-            right = sum(bool(r["correct"]) for r in mine)
-            key = (right, -sum(r["seconds"] for r in mine), name, len(mine))
-            if best is None or key[:2] > best[:2]:
-                best = key
-        if best is not None:
-            out[kind] = (best[2], best[0], best[3])
+    for kind in sorted({r["type"] for got in runs.values() for r in got.values()}):
+        found = _best_one_order(
+            runs, lambda r, k=kind: r["type"] == k and r["split"] in splits, own_rows=True
+        )
+        if found is not None:
+            out[kind] = found
     return out
 
 
-def _dev_count(
-    runs: dict[str, dict[tuple[str, str], dict[str, Any]]], kind: str, splits: tuple[str, ...]
-) -> int:
-    """How many tasks of this type the splits hold (the most any run answered)."""
-    return max(
-        (
-            sum(r["type"] == kind and r["split"] in splits for r in got.values())
-            for got in runs.values()
-        ),
-        default=0,
+def _paired(runs: Runs, a: str, b: str, keys: list[tuple[str, str]]) -> str:
+    """a against b over these tasks: the difference in right answers, paired, with its
+    bootstrap 95 % interval."""
+    both = [k for k in keys if k in runs[a] and k in runs[b]]
+    diff = paired_bootstrap(
+        [float(runs[a][k]["correct"]) for k in both], [float(runs[b][k]["correct"]) for k in both]
     )
+    if diff is None:
+        return "-"
+    mean, lo, hi = diff
+    return f"{100 * mean:+.1f} pt [{100 * lo:+.1f}, {100 * hi:+.1f}] (n={len(both)})"
 
 
-def held_out(runs: dict[str, dict[tuple[str, str], dict[str, Any]]], name: str) -> list[str]:
-    """For a run by question type: what chose it, and how it does where it was not chosen."""
+def held_out(runs: Runs, name: str) -> list[str]:
+    """For a run by question type: what chose it, and how it does on the tasks that did not
+    (paired against letters and against the single run the same tasks would have chosen)."""
     config = name.rsplit("@", 1)[0]
     if config not in PER_TYPE or len(runs[name]) < TASKS:
         return []
@@ -112,19 +123,31 @@ def held_out(runs: dict[str, dict[tuple[str, str], dict[str, Any]]], name: str) 
     same = all(chosen.get(k, ("",))[0] == f"{c}@1" for k, c in PER_TYPE[config].items())
     held = [k for k, r in runs[name].items() if r["split"] not in DEV]
     right = {n: sum(bool(got[k]["correct"]) for k in held if k in got) for n, got in runs.items()}
+    single = _best_one_order(runs, lambda r: r["split"] in DEV, own_rows=False)
     whole = [n for n, got in runs.items() if n != name and all(k in got for k in held)]
     rival = max(whole, key=lambda n: right[n], default=None)
     rest = ", ".join(s for s in SPLITS if s not in DEV)
-    return [
+    text = (
         f"`{name}` asks each question type as another run does ({said}), chosen on the "
         f"{' and '.join(DEV)} splits alone: per type, the one-order run with the most right "
         f"answers there; these rows choose {found}"
         + (" (the same)." if same else ": no longer the same, so it is no longer what they choose.")
         + f" On the {len(held)} tasks that did not choose it ({rest}) it gets {right[name]}"
-        + (f", against {right[rival]} for the best single run there (`{rival}`)." if rival else ".")
-        + " Its total counts the tasks that chose it.",
-        "",
-    ]
+    )
+    if "letters@1" in runs:
+        versus = _paired(runs, name, "letters@1", held)
+        text += f"; against `letters@1` ({right['letters@1']}): {versus}"
+    if single is not None:
+        text += (
+            f"; against `{single[0]}` ({right[single[0]]}), the single one-order run that the "
+            f"{' and '.join(DEV)} splits choose: {_paired(runs, name, single[0], held)}"
+        )
+    if rival is not None:
+        text += (
+            f". The best single run on those tasks, picked on them (so no fair rival, an upper "
+            f"bound), is `{rival}` with {right[rival]}"
+        )
+    return [text + ". Its total over all tasks counts the tasks that chose it.", ""]
 
 
 def _ranked_second(r: dict[str, Any]) -> bool:

@@ -634,7 +634,8 @@ def _accuracy(src: Sources) -> list[str]:
         "## Accuracy",
         "",
         "JevBench through `POST /v1/systemone`, every task of the files named (`bench/suites.py`"
-        "); one option order, the defaults. Intervals: Wilson 95 %.",
+        "); one option order, the defaults but for the bias correction (none: these rows predate "
+        "the yes/no default, [readouts.md](readouts.md) measures it). Intervals: Wilson 95 %.",
         "",
         "| model | all | per file | ECE | latency p50 / p95 |",
         "|---|---|---|---|---|",

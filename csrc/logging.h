@@ -19,10 +19,10 @@ void uninstall_log_callback();
 std::vector<LogLine> take_log_lines();
 // Last error-level line seen, cleared by each call; lets exceptions say *why* a load failed.
 std::string take_last_error();
-// Lines are numbered as they are queued. A preempted llama_decode call (engine.cpp) logs its
-// "failed to compute" errors like a real failure; they are expected there, so the engine drops
-// the lines its own thread queued since its mark (those not yet forwarded), and puts the last
-// error back as it was at the mark.
+// Lines are numbered as they are queued. A preempted or aborted llama_decode call (engine.cpp)
+// logs its "failed to compute" errors like a real failure; they are expected there, so the
+// engine drops the lines its own thread queued since its mark (those not yet forwarded), and
+// puts the last error back as it was at the mark.
 struct LogMark {
     uint64_t seq;
     std::string last_error;

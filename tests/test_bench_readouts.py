@@ -360,8 +360,12 @@ def test_the_config_by_type_is_checked_against_the_tasks_that_did_not_choose_it(
     [text, _] = held_out({**runs, "per-type@1": mix}, "per-type@1")
     assert "(the same)." in text
     # Hard: pmi gets task 120 (a choice), letters+contextual 121 and 124 (yes/no): the mix all 3.
-    assert "On the 111 tasks that did not choose it (hard) it gets 3, against 2 " in text
-    assert "(`letters+contextual@1`)" in text
+    assert "On the 111 tasks that did not choose it (hard) it gets 3;" in text
+    # On easy+original, letters+contextual gets 80 (yes/no and scores), pmi 40: the single run
+    # they choose; on hard the mix gets one task more (120): +1/111 = +0.9 pt.
+    assert "against `letters+contextual@1` (2), the single one-order run" in text
+    assert ": +0.9 pt [+0.0, +2.7] (n=111)" in text
+    assert "an upper bound), is `letters+contextual@1` with 2." in text
     # Rows that would choose another config now are said to.
     runs["deliberate@1"] = _rows("deliberate", {("dev", "choice"): everything}, seconds=0.5)
     [text, _] = held_out({**runs, "per-type@1": mix}, "per-type@1")

@@ -120,6 +120,9 @@ def test_readouts_are_chosen_in_the_page(page: object) -> None:
     assert "direct-levels" in page.locator(".result").first.inner_text()
 
     page.select_option("#example", label="Support-ticket routing")
+    page.select_option("#readout", "continuation")  # its normalisation: the server's unless set
+    assert page.is_visible("#normalization-row")
+    assert page.input_value("#normalization") == ""
     page.select_option("#readout", "deliberate")
     assert page.is_visible("#deliberation-row")
     page.fill("#deliberation-tokens", "8")

@@ -283,7 +283,8 @@ def test_a_server_normalization_applies_to_continuations_that_name_none(
     got, want = unnamed.json()["answers"], by_name.json()["answers"]
     assert got["queue"]["readout"] == "continuation-logprobs"
     assert got["queue"]["normalization"] == "pmi"
-    assert got["queue"]["choice"] == want["queue"]["choice"]  # the same reading, bit for bit
+    # The same reading, bit for bit (the probabilities, not only the option they pick).
+    assert got["queue"]["probabilities"] == want["queue"]["probabilities"]
     for qid, kind in (("refund", "noul"), ("urgency", "score")):
         assert got[qid]["readout"] == "letter-logits" and "normalization" not in got[qid]
         assert got[qid]["bias_correction"] == "contextual"
@@ -292,7 +293,7 @@ def test_a_server_normalization_applies_to_continuations_that_name_none(
     own = {"queue": {**questions["queue"], "normalization": "sum"}}
     summed = server.call("POST", "/v1/systemone", system_one(**own), timeout=120).json()
     assert summed["answers"]["queue"]["normalization"] == "sum"
-    assert summed["answers"]["queue"]["choice"] != got["queue"]["choice"]
+    assert summed["answers"]["queue"]["probabilities"] != got["queue"]["probabilities"]
     # A decision is read by letters here: the server's normalisation does not touch it, and
     # one of its own is refused there as before, naming the field ...
     letters = server.call("POST", "/v1/decisions", decision(), timeout=120).json()["result"]
@@ -318,6 +319,28 @@ def test_normalization_setting_by_type(value: str | None, choice: str, noul: str
 
     got = Normalizations() if value is None else parse_normalizations(value)
     assert (got.for_type("choice"), got.for_type("noul")) == (choice, noul)
+
+
+def test_a_normalization_by_type_reaches_only_that_type(tmp_path: Path) -> None:
+    """SEMIF_NORMALIZATION={"choice": "pmi"}: System One choices read by continuation get pmi,
+    its yes/no questions and plain decisions read by continuation keep the default mean (each
+    looked up by its own type; planned only, nothing asked)."""
+    from semif_proxy.api import services
+    from semif_proxy.settings import load_settings
+
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"GGUF")
+    env = {"SEMIF_NORMALIZATION": '{"choice": "pmi"}', "SEMIF_READOUT": "continuation"}
+    settings = load_settings(env, model=str(model))
+    planned = services.SERVICES["decisions"].plan(decision(), settings, "0" * 64)
+    assert planned.decisions[0].normalization == "mean"
+    body = system_one(
+        queue={"type": "choice", "criteria": {"billing": "payments", "login": "access"}},
+        refund={"type": "noul", "instructions": "Is a refund owed?"},
+    )
+    specs = {s.qid: s for s in services.SERVICES["systemone"].plan(body, settings, "0" * 64).specs}
+    assert (specs["queue"].readout, specs["queue"].normalization) == ("continuation", "pmi")
+    assert (specs["refund"].readout, specs["refund"].normalization) == ("continuation", "mean")
 
 
 def test_a_bad_normalization_setting_names_the_variable(tmp_path: Path) -> None:

@@ -237,13 +237,15 @@ def test_min_confidence_marks_abstentions(keyed: ProxyProcess) -> None:
 def test_every_jevbench_task_gets_a_valid_answer(model_path: Path) -> None:
     """Every task answered, and on the default model every prediction the one an earlier run of
     the benchmark recorded (bench/results/jevbench-smollm2.json): decisions are deterministic
-    on the CPU, whatever the thread count, so the count of right answers must match it too."""
+    on the CPU, whatever the thread count, so the count of right answers must match it too.
+    Asked as the benchmark asks (bench/common.py start_server): with no bias correction, since
+    yes/no questions are corrected by default only from after that record (39 of its 231
+    predictions move; bench.readouts measures the correction)."""
     recorded = json.loads(
         (Path(__file__).resolve().parent.parent / "bench/results/jevbench-smollm2.json").read_text()
     )
-    server = ProxyProcess(
-        model_path, {"SEMIF_CHAT": "off", "SEMIF_CTX_SIZE": "8192", "SEMIF_THREADS": "2"}
-    ).start()
+    env = {"SEMIF_CHAT": "off", "SEMIF_CTX_SIZE": "8192", "SEMIF_THREADS": "2"}
+    server = ProxyProcess(model_path, {**env, "SEMIF_BIAS_CORRECTION": "none"}).start()
     try:
         tasks = list(read_tasks(task_files()))
         assert len(tasks) == 231

@@ -51,11 +51,12 @@ class Decision(BaseModel):
     # false: no fitted position prior (SEMIF_CALIBRATION) is applied to this decision.
     position_prior: bool = True
     # How the options are read (docs/method.md): their letters (the default), each option's
-    # text as the answer (continuation: normalised "mean" unless asked), or the model's own
-    # yes/no or level-number tokens (direct: yes/no and score decisions only). A contextual
-    # bias correction divides out the answers after a content-free state.
+    # text as the answer (continuation: normalised as asked, else per SEMIF_NORMALIZATION,
+    # "mean" unless set), or the model's own yes/no or level-number tokens (direct: yes/no and
+    # score decisions only). A contextual bias correction divides out the answers after a
+    # content-free state.
     readout: Readout | None = None  # None: the server's (SEMIF_READOUT), letters unless set
-    normalization: Normalization | None = None  # continuation only; None: "mean"
+    normalization: Normalization | None = None  # continuation only; None: SEMIF_NORMALIZATION's
     bias_correction: BiasCorrection | None = None  # None: SEMIF_BIAS_CORRECTION's, "none"
     # deliberate only: the most tokens the model writes before its letters are read (None: the
     # default, at most SEMIF_MAX_DELIBERATION_TOKENS), and whether the answer returns that text.

@@ -40,7 +40,7 @@ class _Read(_Strict):
     own fields, which TypeSafe clients do not send."""
 
     readout: Readout | None = None  # None: the server's (SEMIF_READOUT), letters unless set
-    normalization: Normalization | None = None  # continuation only; None: "mean"
+    normalization: Normalization | None = None  # continuation only; None: SEMIF_NORMALIZATION's
     bias_correction: BiasCorrection | None = None  # None: SEMIF_BIAS_CORRECTION's, "none"
     deliberation_tokens: StrictInt | None = Field(None, ge=1)  # deliberate only
     return_reasoning: bool = False  # deliberate only

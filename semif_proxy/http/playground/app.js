@@ -144,7 +144,8 @@ function readoutFields() {
   const readout = $("#readout").value;
   const fields = {};
   if (readout) fields.readout = readout;
-  if (readout === "continuation") fields.normalization = $("#normalization").value;
+  const normalization = $("#normalization").value;  // empty: the server's default
+  if (readout === "continuation" && normalization) fields.normalization = normalization;
   if (readout === "deliberate") {
     const budget = $("#deliberation-tokens").value.trim();
     if (budget) fields.deliberation_tokens = Number(budget);  // empty: the server's default
