@@ -21,6 +21,14 @@ def decision(**fields: object) -> dict:
                          "options": QUEUES, **fields}}  # fmt: skip
 
 
+@pytest.fixture
+def stand_in(tmp_path: Path) -> Path:
+    """A file where the model goes: settings check its path, nothing here loads it."""
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"GGUF")
+    return model
+
+
 def system_one(**questions: dict) -> dict:
     return {"model": "jev-latest", "state": STATE, "questions": questions}
 
@@ -89,12 +97,11 @@ def test_under_the_default_setting_normalization_alone_is_refused(
 
 
 @pytest.mark.parametrize("value", ["direct", "sideways", '{"choice": "direct"}'])
-def test_a_bad_setting_stops_the_server_naming_it(value: str, tmp_path: Path) -> None:
+def test_a_bad_setting_stops_the_server_naming_it(value: str, stand_in: Path) -> None:
     import subprocess
     import sys
 
-    model = tmp_path / "m.gguf"
-    model.write_bytes(b"GGUF")
+    model = stand_in
     run = subprocess.run(
         [sys.executable, "-m", "semif_proxy.cli", "serve", "--model", str(model)],
         env={"PATH": "/usr/bin:/bin", "SEMIF_READOUT": value},
@@ -231,11 +238,10 @@ def test_one_name_or_a_json_default_replaces_the_yes_no_default(
     assert (got.for_type("noul"), got.for_type("choice")) == (noul, choice)
 
 
-def test_a_bad_bias_correction_setting_names_the_variable(tmp_path: Path) -> None:
+def test_a_bad_bias_correction_setting_names_the_variable(stand_in: Path) -> None:
     from semif_proxy.settings import SettingsError, load_settings
 
-    model = tmp_path / "m.gguf"
-    model.write_bytes(b"GGUF")
+    model = stand_in
     for value in ("batchy", '{"noul": "sideways"}'):
         with pytest.raises(SettingsError, match="SEMIF_BIAS_CORRECTION") as caught:
             load_settings({"SEMIF_BIAS_CORRECTION": value}, model=str(model))
@@ -321,15 +327,14 @@ def test_normalization_setting_by_type(value: str | None, choice: str, noul: str
     assert (got.for_type("choice"), got.for_type("noul")) == (choice, noul)
 
 
-def test_a_normalization_by_type_reaches_only_that_type(tmp_path: Path) -> None:
+def test_a_normalization_by_type_reaches_only_that_type(stand_in: Path) -> None:
     """SEMIF_NORMALIZATION={"choice": "pmi"}: System One choices read by continuation get pmi,
     its yes/no questions and plain decisions read by continuation keep the default mean (each
     looked up by its own type; planned only, nothing asked)."""
     from semif_proxy.api import services
     from semif_proxy.settings import load_settings
 
-    model = tmp_path / "m.gguf"
-    model.write_bytes(b"GGUF")
+    model = stand_in
     env = {"SEMIF_NORMALIZATION": '{"choice": "pmi"}', "SEMIF_READOUT": "continuation"}
     settings = load_settings(env, model=str(model))
     planned = services.SERVICES["decisions"].plan(decision(), settings, "0" * 64)
@@ -343,11 +348,10 @@ def test_a_normalization_by_type_reaches_only_that_type(tmp_path: Path) -> None:
     assert (specs["refund"].readout, specs["refund"].normalization) == ("continuation", "mean")
 
 
-def test_a_bad_normalization_setting_names_the_variable(tmp_path: Path) -> None:
+def test_a_bad_normalization_setting_names_the_variable(stand_in: Path) -> None:
     from semif_proxy.settings import SettingsError, load_settings
 
-    model = tmp_path / "m.gguf"
-    model.write_bytes(b"GGUF")
+    model = stand_in
     for value in ("average", '{"choice": "max"}', '{"kind": "pmi"}', "{"):
         with pytest.raises(SettingsError, match="SEMIF_NORMALIZATION"):
             load_settings({"SEMIF_NORMALIZATION": value}, model=str(model))
