@@ -131,9 +131,10 @@ def _commit() -> str | None:
             text=True,
         )
     except OSError:
-        return None
+        return os.environ.get("SEMIF_BENCH_COMMIT") or None
     if head.returncode != 0:
-        return None
+        # A copy without .git (the GPU host gets the working tree alone): the caller says.
+        return os.environ.get("SEMIF_BENCH_COMMIT") or None
     return head.stdout.strip() + ("+changes" if dirty.stdout.strip() else "")
 
 

@@ -11,9 +11,16 @@ Sections (each a key of the JSON written to --out):
 - throughput: decisions/s with 1, 4 and 16 concurrent clients (~200-token prompts);
 - agreement: the same prompts on the GPU server and on a CPU server on the same machine
   (n_gpu_layers 0 and CUDA_VISIBLE_DEVICES empty, so ggml offloads no matrix either): the largest
-  |difference| in a probability and in a logit, and how often the argmax agrees;
+  |difference| in a probability and in a logit, and how often the argmax agrees; the prompts are
+  the README's routing example and sized ticket texts, and with --jevbench the JevBench tasks of
+  that file through the System One route (`jevbench_agreement`: per label probability, argmax
+  flips); with --quantized the same again on a second (quantized) model, whose matrix products
+  take other GPU kernels than F16's (`quantized`);
+- jevbench: with --jevbench, each task once through `POST /v1/systemone` on the GPU: client-side
+  p50/p95, the figure the AWS SemIf sample reports for its GPU;
 - memory: a server with chat and decisions, both fully offloaded: what nvidia-smi says each
-  process holds on the GPU, against what semif_proxy.model.gpu_memory estimates for it.
+  process holds on the GPU, against what semif_proxy.model.gpu_memory estimates for it, and each
+  process's host memory (RSS, PSS, private; bench.common.memory_kb).
 
 Evidence texts are built from English words (semif_proxy.model.tiny_gguf.WORDS) and sized by the
 server's own token counts, so the sizes hold for a real model as for a generated one.
@@ -33,7 +40,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from bench.common import machine, post, summary
+from bench.common import machine, memory_kb, post, summary
+from semif_proxy.eval.jevbench import Task, label_probabilities, read_tasks
 from semif_proxy.model.tiny_gguf import WORDS
 from semif_proxy.testing.server import ProxyProcess
 
@@ -45,6 +53,16 @@ OPTIONS = [
     {"id": "product", "description": "Broken items, damaged product and returns"},
 ]
 PLAIN = [w for w in WORDS if w.isalpha()]
+# The README's decision example, word for word (tests/test_readme_examples.py runs it on the CPU).
+ROUTING = {
+    "id": "route-1",
+    "state": (
+        "Customer email: I requested a password reset three times but the email never arrives. "
+        "I cannot log in."
+    ),
+    "question": QUESTION,
+    "options": OPTIONS[:3],
+}
 
 
 def log(message: str) -> None:
@@ -119,6 +137,7 @@ def latency(url: str, fit: tuple[float, float], targets: list[int], n: int) -> d
             "input_tokens": summary([float(t) for t in tokens]),
             "client_seconds": summary(client),
             "forward_seconds": summary(forward),
+            "client_values": client,  # each request's, for the docs' intervals
         }
         log(f"latency {target}: p50 {summary(client)['p50'] * 1000:.1f} ms")
     return out
@@ -187,7 +206,7 @@ def throughput(
 
 def agreement_prompts(fit: tuple[float, float], n: int) -> list[dict]:
     sizes = [200, 1000]
-    return [
+    return [ROUTING] + [
         decision(words_for_tokens(fit, sizes[i % 2]), 60_000 + i, n_options=2 + i % 3)
         for i in range(n)
     ]
@@ -195,6 +214,47 @@ def agreement_prompts(fit: tuple[float, float], n: int) -> list[dict]:
 
 def collect(url: str, prompts: list[dict]) -> list[dict]:
     return [ask(url, {"decision": p})[1]["result"] for p in prompts]
+
+
+def ask_systemone(url: str, task: Task) -> tuple[float, dict]:
+    timed = post(url + "/v1/systemone", task.request(), timeout=300.0)
+    if timed.status != 200:
+        raise RuntimeError(f"{task.id}: {timed.status} {str(timed.body)[:500]}")
+    return timed.seconds, timed.body["answers"]["q"]
+
+
+def collect_tasks(url: str, tasks: list[Task]) -> tuple[list[float], list[dict]]:
+    seconds, answers = [], []
+    for task in tasks:
+        s, answer = ask_systemone(url, task)
+        seconds.append(s)
+        answers.append(answer)
+    return seconds, answers
+
+
+def jevbench_latency(seconds: list[float], tasks: list[Task]) -> dict[str, Any]:
+    """Each task asked once, one at a time, on the GPU server (its state cold: every task has
+    its own)."""
+    log(f"jevbench {len(tasks)} tasks: p50 {summary(seconds)['p50'] * 1000:.1f} ms")
+    return {"tasks": len(tasks), "client_seconds": summary(seconds), "client_values": seconds}
+
+
+def compare_tasks(tasks: list[Task], gpu: list[dict], cpu: list[dict]) -> dict[str, Any]:
+    """Per task: the largest |difference| in a label's probability and whether the argmax label
+    is the same (a noul answer's labels are yes and no)."""
+    dp, flips = [], []
+    for task, g, c in zip(tasks, gpu, cpu):
+        pg, pc = label_probabilities(g), label_probabilities(c)
+        dp.append(max(abs(pg[label] - pc[label]) for label in pg))
+        if max(pg, key=pg.get) != max(pc, key=pc.get):
+            flips.append(task.id)
+    return {
+        "tasks": len(tasks),
+        "max_abs_dp": max(dp) if dp else None,
+        "median_abs_dp": summary(dp)["p50"] if dp else None,
+        "argmax_flips": flips,
+        "per_task_dp": dict(zip([t.id for t in tasks], dp)),
+    }
 
 
 def compare(gpu: list[dict], cpu: list[dict]) -> dict[str, Any]:
@@ -250,15 +310,22 @@ def memory(model: Path, ctx: int, logs: Path | None) -> dict[str, Any]:
         ask(server.url, {"decision": decision(600, 70_000)})
         apps = nvidia_smi("pid,used_memory", kind="apps")
         used_after = nvidia_smi("memory.used")
-    pids = {
-        str(health.get("pid")): "the decision engine",
-        str((health.get("llama_server") or {}).get("pid")): "llama-server",
-    }
+        pids = {
+            str(health.get("pid")): "the decision engine",
+            str((health.get("llama_server") or {}).get("pid")): "llama-server",
+        }
+        host = {}
+        for pid, name in pids.items():
+            try:
+                host[name] = memory_kb(int(pid))
+            except (OSError, ValueError) as exc:  # a pid /health did not give
+                host[name] = {"error": repr(exc)}
     measured = {pids.get(pid, f"pid {pid}"): int(mib) * (1 << 20) for pid, mib in apps}
     return {
         "ctx": ctx,
         "estimate": estimate,
         "measured_bytes": measured,
+        "host_kb": host,
         "gpu_used_mib_before": used_before,
         "gpu_used_mib_after": used_after,
     }
@@ -275,9 +342,34 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--budget", type=float, default=0, help="seconds; sections not begun by then are skipped"
     )
+    parser.add_argument(
+        "--agreement-prompts",
+        type=int,
+        help="sized ticket texts compared GPU vs CPU, after the routing example "
+        "(default: 12, 4 with --quick)",
+    )
+    parser.add_argument(
+        "--jevbench",
+        type=Path,
+        help="a JevBench task file (JSON Lines of System One questions): their GPU latency and "
+        "GPU-vs-CPU agreement (default: none)",
+    )
+    parser.add_argument(
+        "--quantized",
+        type=Path,
+        help="a second model (e.g. the --model quantized to Q4_K_M): agreement on it too "
+        "(default: none)",
+    )
     args = parser.parse_args(argv)
+    if args.jevbench is not None and not args.jevbench.is_file():
+        parser.error(f"--jevbench: no such file: {args.jevbench}")
+    if args.quantized is not None and not args.quantized.is_file():
+        parser.error(f"--quantized: no such file: {args.quantized}")
+    tasks = list(read_tasks([args.jevbench])) if args.jevbench else []
     skip = set(filter(None, args.skip.split(",")))
     quick = args.quick
+    if quick:
+        tasks = tasks[:4]
     targets = [200, 1000] if quick else [200, 1000, 4000]
     cores = str(os.cpu_count() or 1)
     result: dict[str, Any] = {
@@ -317,42 +409,70 @@ def main(argv: list[str] | None = None) -> int:
 
     started = time.monotonic()
     prompts: list[dict] = []
-    gpu_results: list[dict] = []
+    # Per model: the GPU server's answers to `prompts` and to the JevBench tasks.
+    gpu_answers: dict[Path, tuple[list[dict], list[dict]]] = {}
+
+    def gpu_side(url: str, model: Path) -> None:
+        if "agreement" not in skip:
+            gpu_answers[model] = (collect(url, prompts), collect_tasks(url, tasks)[1])
 
     def on_gpu() -> dict[str, Any]:
-        nonlocal prompts, gpu_results
+        nonlocal prompts
         with Server(args.model, gpu_env, args.logs / "bench.log" if args.logs else None) as gpu:
             fit = words_for(gpu.url)
             section("latency", latency, gpu.url, fit, targets, 3 if quick else 15)
             section("shared", shared, gpu.url, fit, 21, 1000)
-            prompts = agreement_prompts(fit, 4 if quick else 12)
-            if "agreement" not in skip:
-                gpu_results = collect(gpu.url, prompts)
+            if tasks:
+
+                def timed_tasks() -> dict[str, Any]:
+                    collect_tasks(gpu.url, tasks[:2])  # warm-up
+                    return jevbench_latency(collect_tasks(gpu.url, tasks)[0], tasks)
+
+                section("jevbench", timed_tasks)
+            sized = args.agreement_prompts
+            prompts = agreement_prompts(fit, sized if sized is not None else 4 if quick else 12)
+            gpu_side(gpu.url, args.model)
             section("throughput", throughput, gpu.url, fit, [1, 4, 16], 2.0 if quick else 5.0)
         return {"tokens_per_word": fit[1], "prompt_tokens_at_zero_words": fit[0]}
 
     section("server", on_gpu)
 
-    def agreement() -> dict[str, Any]:
-        if not gpu_results:
+    def agreement(model: Path) -> dict[str, Any]:
+        if model != args.model:
+            log_path = args.logs / "quantized.log" if args.logs else None
+            with Server(model, gpu_env, log_path) as gpu:
+                gpu_side(gpu.url, model)
+        if model not in gpu_answers:
             raise RuntimeError("no GPU results to compare")
+        gpu_results, gpu_tasks = gpu_answers[model]
         cpu_env = {**gpu_env, "SEMIF_N_GPU_LAYERS": "0", "CUDA_VISIBLE_DEVICES": ""}
-        cpu_log = args.logs / "cpu.log" if args.logs else None
+        cpu_log = args.logs / f"cpu-{model.stem}.log" if args.logs else None
         side = "n_gpu_layers 0, no GPU visible"
+
+        def on_cpu() -> tuple[list[dict], list[dict]]:
+            with Server(model, cpu_env, cpu_log) as cpu:
+                return collect(cpu.url, prompts), collect_tasks(cpu.url, tasks)[1]
+
         try:
-            with Server(args.model, cpu_env, cpu_log) as cpu:
-                cpu_results = collect(cpu.url, prompts)
+            cpu_results, cpu_tasks = on_cpu()
         except RuntimeError as exc:  # a CUDA build that will not start without a device
             log(f"CPU server without a visible GPU failed ({exc}); n_gpu_layers 0 alone")
             side = "n_gpu_layers 0 (GPU visible: ggml may offload large matrix products)"
             cpu_env.pop("CUDA_VISIBLE_DEVICES")
-            with Server(args.model, cpu_env, cpu_log) as cpu:
-                cpu_results = collect(cpu.url, prompts)
-        out = {"cpu_side": side, **compare(gpu_results, cpu_results)}
+            cpu_results, cpu_tasks = on_cpu()
+        out = {"model": model.name, "cpu_side": side, **compare(gpu_results, cpu_results)}
         log(f"agreement: max |dp| {out['max_abs_dp']}, argmax {out['argmax_agreement']}")
+        if tasks:
+            out["jevbench"] = compare_tasks(tasks, gpu_tasks, cpu_tasks)
+            log(
+                f"jevbench agreement: max |dp| {out['jevbench']['max_abs_dp']}, "
+                f"{len(out['jevbench']['argmax_flips'])} argmax flips"
+            )
         return out
 
-    section("agreement", agreement)
+    section("agreement", agreement, args.model)
+    if args.quantized is not None:
+        section("quantized", agreement, args.quantized)
     section("memory", memory, args.model, 8192, args.logs)
     result["seconds"] = time.monotonic() - started
     save()

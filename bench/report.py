@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from bench import concurrency
+from bench import concurrency, report_gpu
 from bench.common import BOOTSTRAP, MIN_PAIRS, RESULTS, SEED
 
 
@@ -1054,6 +1054,7 @@ def docs_markdown() -> str:
         *_options(src),
         *_cpu_sharing(src),
         *_startup(src),
+        *report_gpu.section(sorted(RESULTS.glob("gpu-*.json")), src.get, src.line),
         "## Autoscaling target",
         "",
         *autoscaling(src),

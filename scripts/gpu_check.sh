@@ -9,13 +9,16 @@
 # Steps (README "## GPU" has the times): 1 nvidia-smi; 2 Python packages (carried wheels);
 # 3 llama.cpp with CUDA (carried prebuilt libraries, else the carried source); 4 the extension
 # against it; 5 a generated ~300M-parameter F16 model; 6 the memory estimate; 7 the `not slow`
-# suite with full offload; 8 bench/gpu.py; 9 summary.
+# suite with full offload (8 workers, then the serial tests); 8 bench/gpu.py (with the carried
+# JevBench easy tasks and a Q4_K_M copy of the model when they are there); 9 summary.
 # What comes back ($OUT, at most 8 files): gpu_check.log, nvidia-smi.txt, build.log, pytest.log,
 # junit.xml, bench_gpu.json, server_logs.txt, summary.md.
 #
 # Inputs, made on the CPU machine by scripts/gpu_pack.sh into .gpu-carry/ (git-ignored there):
 #   wheels/*.whl                  Python packages the GPU image lacks (cp312)
-#   llama-cuda-sm<ARCH>.tar.gz    prebuilt llama.cpp CUDA libraries, llama-server, headers
+#   llama-cuda-sm<ARCH>.tar.xz    prebuilt llama.cpp CUDA libraries, llama-server,
+#                                 llama-quantize, headers
+#   jevbench-easy.jsonl           (optional) JevBench easy tasks for bench/gpu.py
 #   llama-src.tar.gz              (optional) the trimmed llama.cpp source: built here when no
 #                                 prebuilt libraries came or they do not load
 set -uo pipefail
@@ -26,7 +29,8 @@ DRY=0
 ARCH=${SEMIF_CUDA_ARCH:-90}
 LLAMA_MODE=${SEMIF_GPU_LLAMA:-auto}     # auto | prebuilt | source
 PARAMS=${SEMIF_GPU_MODEL_PARAMS:-300M}
-DEADLINE=${SEMIF_GPU_DEADLINE:-360}     # seconds for everything: two runs fit 15 device minutes
+DEADLINE=${SEMIF_GPU_DEADLINE:-480}     # seconds for everything: with the machine's start, a
+                                        # run leaves a second start room for an early failure
 while [ $# -gt 0 ]; do
   case "$1" in
     --dry-run) DRY=1 ;;
@@ -34,12 +38,13 @@ while [ $# -gt 0 ]; do
     --llama) LLAMA_MODE=$2; shift ;;
     --params) PARAMS=$2; shift ;;
     --deadline) DEADLINE=$2; shift ;;
-    -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
+    -h|--help) awk 'NR > 1 && /^set -uo/ {exit} NR > 1' "$0"; exit 0 ;;
     *) echo "gpu_check: unknown argument $1" >&2; exit 2 ;;
   esac
   shift
 done
 
+BENCH_SECONDS=${SEMIF_GPU_BENCH_SECONDS:-150}   # kept for step 8 when step 7 takes its budget
 CARRY=${SEMIF_GPU_CARRY:-$ROOT/.gpu-carry}
 WORK=${SEMIF_GPU_WORK:-/tmp/semif-gpu-check}
 OUT=${OUT:-$WORK/out}    # the device tool sets OUT; what is written there comes back
@@ -100,13 +105,13 @@ logged "$PY" scripts/gpu_env.py imports || fail "imports"
 
 # -- 3. llama.cpp with CUDA ----------------------------------------------------------------------
 step "3 llama.cpp b11312 with CUDA (sm_$ARCH)"
-PREBUILT=$CARRY/llama-cuda-sm$ARCH.tar.gz
+PREBUILT=$CARRY/llama-cuda-sm$ARCH.tar.xz
 SOURCE=$CARRY/llama-src.tar.gz
 LLAMA_DIR=$WORK/llama-cuda-sm$ARCH    # bin/ (libraries and llama-server) and include/
 LLAMA_FROM=""
 if [ "$DRY" = 1 ]; then
   if [ -f "$PREBUILT" ]; then
-    would "tar -xzf $PREBUILT -C $LLAMA_DIR ($(du -h "$PREBUILT" | cut -f1)); ldd check"
+    would "unpack $PREBUILT into $LLAMA_DIR ($(du -h "$PREBUILT" | cut -f1)); ldd check"
   elif [ -f "$SOURCE" ]; then
     would "build $SOURCE with the extension, ninja -j$(nproc) (cmake/llama_cpp.cmake, CUDA on)"
   else
@@ -119,7 +124,9 @@ else
   say "CUDA runtime libraries from: ${RUNTIME_DIRS:-the default loader paths}"
   if [ "$LLAMA_MODE" != source ] && [ -f "$PREBUILT" ]; then
     rm -rf "$LLAMA_DIR" && mkdir -p "$LLAMA_DIR"
-    if tar -xzf "$PREBUILT" -C "$LLAMA_DIR"; then
+    # Python's tarfile reads xz without an xz binary, which the GPU image may lack.
+    if "$PY" -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2], filter="tar")' \
+        "$PREBUILT" "$LLAMA_DIR" 2>&1 | tee -a "$LOG"; then
       MISSING=$(ldd "$LLAMA_DIR/bin/libggml-cuda.so" 2>&1 | grep "not found")
       if [ -z "$MISSING" ]; then
         LLAMA_FROM=prebuilt
@@ -187,6 +194,23 @@ else
   MODEL_ARGS=(--params "$PARAMS")
 fi
 logged "$PY" -m semif_proxy.model.tiny_gguf "${MODEL_ARGS[@]}" --out "$MODEL" || fail "model"
+# The same model in Q4_K_M (what a deployed GGUF usually is): its matrix products take the
+# quantized GPU kernels, compared with the CPU's in step 8. Only with a carried llama-quantize.
+QMODEL=$WORK/models/model-q4_k_m.gguf
+QUANTIZE=$LLAMA_DIR/bin/llama-quantize
+rm -f "$QMODEL"
+if [ "$DRY" = 1 ]; then
+  would "$QUANTIZE $MODEL $QMODEL Q4_K_M"
+elif [ -x "$QUANTIZE" ] && [ -f "$MODEL" ]; then
+  "$QUANTIZE" "$MODEL" "$QMODEL" Q4_K_M "$(nproc)" >>"$OUT/build.log" 2>&1 \
+    && say "quantized: $(du -h "$QMODEL" | cut -f1) Q4_K_M" || { fail "quantize"; rm -f "$QMODEL"; }
+else
+  say "no llama-quantize carried: agreement on the F16 model only"
+fi
+
+BENCH_EXTRA=()
+[ -f "$CARRY/jevbench-easy.jsonl" ] && BENCH_EXTRA+=(--jevbench "$CARRY/jevbench-easy.jsonl")
+[ -f "$QMODEL" ] && BENCH_EXTRA+=(--quantized "$QMODEL")
 
 # -- 6. the memory estimate ----------------------------------------------------------------------
 step "6 GPU memory for the engine + llama-server (semif_proxy.model.gpu_memory)"
@@ -212,8 +236,14 @@ PYTEST_ENV=(SEMIF_TEST_MODEL="$MODEL" SEMIF_TEST_GPU_LAYERS=999 SEMIF_TEST_GENER
             SEMIF_LOAD_SECONDS=10 PYTHONUNBUFFERED=1 PYTEST_DISABLE_PLUGIN_AUTOLOAD=1)
 PLUGINS=(-p pytest_asyncio.plugin -p pytest_aiohttp.plugin -p pytest_timeout
          -p _hypothesis_pytestplugin -p anyio.pytest_plugin -p no:cacheprovider)
-PYTEST_ARGS=(-m "not slow" "${PLUGINS[@]}" -ra --junitxml="$OUT/junit.xml")
+# As `make test` runs them: most files in workers (one file per worker: a module's server starts
+# once; 16 cores and one card hold 8 of them), then the `serial` ones alone.
+WORKERS=${SEMIF_GPU_TEST_WORKERS:-8}
+PYTEST_ARGS=("${PLUGINS[@]}" -ra)
 for f in "${IGNORE[@]}"; do PYTEST_ARGS+=(--ignore="$f"); done
+PARALLEL_ARGS=(-m "not slow and not serial" -p xdist.plugin -n "$WORKERS" --dist loadfile
+               --junitxml="$OUT/junit.xml")
+SERIAL_ARGS=(-m "not slow and serial" --junitxml="$WORK/junit-serial.xml")
 # The files that exercise the GPU path run first (tests/helpers/gpu_run.py), then the rest: if
 # the time runs out, what matters most has run.
 PYTEST_ENV+=("SEMIF_TEST_FIRST=tests/test_native.py tests/test_engine.py tests/test_decide_cli.py
@@ -221,9 +251,10 @@ tests/test_one_answer.py tests/test_server.py tests/test_systemone.py tests/test
 tests/test_robustness.py tests/test_chaos.py")
 PYTEST_ARGS+=(tests)
 if [ "$DRY" = 1 ]; then
-  would "env ${PYTEST_ENV[*]} $PY -m pytest ${PYTEST_ARGS[*]}"
+  would "env ${PYTEST_ENV[*]} $PY -m pytest ${PYTEST_ARGS[*]} ${PARALLEL_ARGS[*]}"
+  would "... then ${SERIAL_ARGS[*]}"
   say "dry run: collection only (the suite is not run here), then tests/test_gpu_prep.py"
-  env "${PYTEST_ENV[@]}" "$PY" -m pytest "${PYTEST_ARGS[@]}" --collect-only -q \
+  env "${PYTEST_ENV[@]}" "$PY" -m pytest -m "not slow" "${PYTEST_ARGS[@]}" --collect-only -q \
     >"$OUT/pytest.log" 2>&1 || fail "collect"
   grep -c "::" "$OUT/pytest.log" | sed 's/^/tests that would run: /' | tee -a "$LOG"
   grep "gpu_run:" "$OUT/pytest.log" | tee -a "$LOG"
@@ -234,18 +265,33 @@ if [ "$DRY" = 1 ]; then
 elif [ "$NATIVE_OK" = 0 ]; then
   say "tests not run: the extension does not see a GPU (step 4)"
 else
-  BUDGET=$(($(left) - 110))
-  [ "$BUDGET" -gt 240 ] && BUDGET=240
+  BUDGET=$(($(left) - BENCH_SECONDS - 20))
+  [ "$BUDGET" -gt 300 ] && BUDGET=300
   if [ "$BUDGET" -lt 60 ]; then
     fail "tests"; say "tests not run: only $(left) s left"
   else
     # SIGINT at the budget: pytest stops there and still writes its summary and junit.xml.
-    say "tests get ${BUDGET}s"
+    T0=$(date +%s)
+    say "tests get ${BUDGET}s ($WORKERS workers, then the serial ones)"
     env "${PYTEST_ENV[@]}" timeout -s INT -k 20 "$BUDGET" "$PY" -m pytest "${PYTEST_ARGS[@]}" \
-      >"$OUT/pytest.log" 2>&1
+      "${PARALLEL_ARGS[@]}" >"$OUT/pytest.log" 2>&1
     rc=$?
     [ $rc = 0 ] || fail "tests (exit $rc$([ $rc = 124 ] && echo ', timed out'))"
-    tail -45 "$OUT/pytest.log" | tee -a "$LOG"
+    tail -25 "$OUT/pytest.log" | tee -a "$LOG"
+    SERIAL=$((BUDGET - $(date +%s) + T0))
+    if [ "$SERIAL" -lt 30 ]; then
+      fail "serial tests"; say "serial tests not run: only ${SERIAL}s of the budget left"
+    else
+      say "serial tests get ${SERIAL}s"
+      echo "===== serial" >>"$OUT/pytest.log"
+      env "${PYTEST_ENV[@]}" timeout -s INT -k 20 "$SERIAL" "$PY" -m pytest "${PYTEST_ARGS[@]}" \
+        "${SERIAL_ARGS[@]}" >>"$OUT/pytest.log" 2>&1
+      rc=$?
+      [ $rc = 0 ] || fail "serial tests (exit $rc$([ $rc = 124 ] && echo ', timed out'))"
+      tail -15 "$OUT/pytest.log" | tee -a "$LOG"
+    fi
+    # One junit.xml comes back (the device returns 8 files): the serial part joins it.
+    "$PY" scripts/gpu_env.py merge-junit "$OUT/junit.xml" "$WORK/junit-serial.xml" 2>>"$LOG"
   fi
 fi
 
@@ -256,17 +302,17 @@ if [ "$DRY" = 1 ]; then
   would "$PY -m bench.gpu --model $MODEL --out $OUT/bench_gpu.json (full offload)"
   say "dry run: --quick --gpu-layers 0 (the 'GPU' server is a CPU one here)"
   logged timeout 1200 "$PY" -m bench.gpu --model "$MODEL" --out "$OUT/bench_gpu.json" \
-    --logs "$WORK/logs" --quick --gpu-layers 0 || fail "bench"
+    --logs "$WORK/logs" --quick --gpu-layers 0 "${BENCH_EXTRA[@]}" || fail "bench"
 elif [ "$NATIVE_OK" = 0 ]; then
   say "benchmarks not run: the extension does not see a GPU (step 4)"
 else
   BUDGET=$(($(left) - 10))
-  [ "$BUDGET" -gt 150 ] && BUDGET=150
+  [ "$BUDGET" -gt "$BENCH_SECONDS" ] && BUDGET=$BENCH_SECONDS
   if [ "$BUDGET" -lt 45 ]; then
     fail "bench"; say "bench not run: only $(left) s left"
   else
     logged timeout -k 10 "$BUDGET" "$PY" -m bench.gpu --model "$MODEL" --budget $((BUDGET - 30)) \
-      --out "$OUT/bench_gpu.json" --logs "$WORK/logs" || fail "bench"
+      "${BENCH_EXTRA[@]}" --out "$OUT/bench_gpu.json" --logs "$WORK/logs" || fail "bench"
   fi
 fi
 

@@ -4,6 +4,7 @@ python scripts/gpu_env.py imports              # versions of what the suite impo
 python scripts/gpu_env.py runtime-dirs         # where libcudart/libcublas .so.13 are
 python scripts/gpu_env.py native [--need-gpu]  # the extension's build and devices
 python scripts/gpu_env.py summary --out DIR [--failed "a b"] [--seconds N]
+python scripts/gpu_env.py merge-junit INTO FROM  # FROM's test suites join INTO (one file back)
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ MODULES = {
     "pytest_aiohttp": "pytest-aiohttp",
     "pytest_asyncio": "pytest-asyncio",
     "pytest_timeout": "pytest-timeout",
+    "xdist": "pytest-xdist",
     "hypothesis": "hypothesis",
     "gguf": "gguf",
     "typesafe_sdk": "typesafe-sdk",
@@ -84,19 +86,43 @@ def native(need_gpu: bool) -> int:
     return 0
 
 
+def _suites(path: Path) -> list[ET.Element]:
+    """The test suites of a JUnit file; none when it is missing or unreadable (a pytest killed
+    before it wrote one)."""
+    try:
+        root = ET.parse(path).getroot()
+    except (OSError, ET.ParseError):
+        return []
+    return [root] if root.tag == "testsuite" else root.findall("testsuite")
+
+
 def _junit(path: Path) -> dict[str, Any]:
-    if not path.is_file():
+    """Counts summed over the file's suites (the parallel part and the serial part)."""
+    suites = _suites(path)
+    if not suites:
         return {}
-    root = ET.parse(path).getroot()
-    suite = root if root.tag == "testsuite" else root.find("testsuite")
-    if suite is None:
-        return {}
-    counts = {k: int(suite.get(k, 0)) for k in ("tests", "failures", "errors", "skipped")}
+    keys = ("tests", "failures", "errors", "skipped")
+    counts = {k: sum(int(suite.get(k, 0)) for suite in suites) for k in keys}
     failed = []
-    for case in suite.iter("testcase"):
-        if case.find("failure") is not None or case.find("error") is not None:
-            failed.append(f"{case.get('classname')}::{case.get('name')}")
-    return {**counts, "time": float(suite.get("time", 0)), "failed": failed}
+    for suite in suites:
+        for case in suite.iter("testcase"):
+            if case.find("failure") is not None or case.find("error") is not None:
+                failed.append(f"{case.get('classname')}::{case.get('name')}")
+    seconds = sum(float(suite.get("time", 0)) for suite in suites)
+    return {**counts, "time": seconds, "failed": failed}
+
+
+def merge_junit(into: Path, other: Path) -> int:
+    """`other`'s suites appended to `into` (written as <testsuites>); `into` made from `other`
+    alone when it has none."""
+    mine, theirs = _suites(into), _suites(other)
+    if not theirs:
+        print(f"merge-junit: nothing to merge from {other}", file=sys.stderr)
+        return 0
+    root = ET.Element("testsuites")
+    root.extend(mine + theirs)
+    ET.ElementTree(root).write(into, encoding="utf-8", xml_declaration=True)
+    return 0
 
 
 def _ms(value: float | None) -> str:
@@ -141,22 +167,39 @@ def summary(out: Path, failed: str, seconds: str) -> int:
             for n, row in bench["throughput"].items()
         )
         lines.append(f"Decisions/s: {rates}.")
-    if "agreement" in bench and "error" not in bench["agreement"]:
-        a = bench["agreement"]
+    if "jevbench" in bench and "error" not in bench["jevbench"]:
+        j = bench["jevbench"]
         lines.append(
-            f"GPU vs CPU on {a['prompts']} prompts: max |dp| {a['max_abs_dp']:.2e}, "
-            f"max |dlogit| {a['max_abs_dlogit']:.2e}, argmax agreement {a['argmax_agreement']:.0%}."
+            f"JevBench, {j['tasks']} tasks through /v1/systemone: p50 "
+            f"{_ms(j['client_seconds']['p50'])} ms, p95 {_ms(j['client_seconds']['p95'])} ms."
         )
+    for key in ("agreement", "quantized"):
+        if key in bench and "error" not in bench[key]:
+            a = bench[key]
+            lines.append(
+                f"GPU vs CPU, {a.get('model', 'the model')}, {a['prompts']} prompts: max |dp| "
+                f"{a['max_abs_dp']:.2e}, max |dlogit| {a['max_abs_dlogit']:.2e}, argmax "
+                f"agreement {a['argmax_agreement']:.0%}."
+            )
+            if "jevbench" in a:
+                jv = a["jevbench"]
+                lines.append(
+                    f"  JevBench, {jv['tasks']} tasks: max |dp| {jv['max_abs_dp']:.2e}, "
+                    f"argmax flips {len(jv['argmax_flips'])} {jv['argmax_flips'] or ''}".rstrip()
+                    + "."
+                )
     if "memory" in bench and "error" not in bench["memory"]:
         m = bench["memory"]
         for name, est in m["estimate"].items():
             got = m["measured_bytes"].get(name)
             shown = f"{got / 2**30:.2f} GiB" if got else "not read"
+            host = m.get("host_kb", {}).get(name, {})
+            rss = f", host RSS {host['rss'] / 2**20:.2f} GiB" if "rss" in host else ""
             lines.append(
                 f"Memory, {name}: estimated {est['total_bytes'] / 2**30:.2f} GiB, "
-                f"nvidia-smi {shown}."
+                f"nvidia-smi {shown}{rss}."
             )
-    for key in ("latency", "shared", "throughput", "agreement", "memory"):
+    for key in ("latency", "shared", "jevbench", "throughput", "agreement", "quantized", "memory"):
         if isinstance(bench.get(key), dict) and "error" in bench[key]:
             lines.append(f"bench {key} failed: {bench[key]['error']}")
     print("\n".join(lines))
@@ -174,7 +217,12 @@ def main(argv: list[str] | None = None) -> int:
     p_summary.add_argument("--out", type=Path, required=True)
     p_summary.add_argument("--failed", default="")
     p_summary.add_argument("--seconds", default="?")
+    p_merge = sub.add_parser("merge-junit")
+    p_merge.add_argument("into", type=Path)
+    p_merge.add_argument("other", type=Path)
     args = parser.parse_args(argv)
+    if args.command == "merge-junit":
+        return merge_junit(args.into, args.other)
     if args.command == "imports":
         return imports()
     if args.command == "runtime-dirs":

@@ -6,8 +6,9 @@
 #
 #   .gpu-carry/wheels/                 the suite's Python packages the GPU image lacks, at the
 #                                      versions of .venv, as CPython 3.12 manylinux wheels
-#   .gpu-carry/llama-cuda-sm90.tar.gz  the CUDA build's libraries and llama-server (stripped,
-#                                      $ORIGIN RPATHs) and llama.h/ggml*.h
+#   .gpu-carry/llama-cuda-sm90.tar.xz  the CUDA build's libraries, llama-server and
+#                                      llama-quantize (stripped, $ORIGIN RPATHs), llama.h/ggml*.h
+#   .gpu-carry/jevbench-easy.jsonl     the 48 JevBench easy tasks, when ../shared/jevbench is there
 #   .gpu-carry/llama-src.tar.gz        (--with-source) the pinned source without docs, models,
 #                                      tests, examples and other backends' code
 # Then it prints the sizes against the device tool's 64 MiB (working tree + carried files).
@@ -46,7 +47,7 @@ PACKAGES=(aiohttp aiohappyeyeballs aiosignal attrs frozenlist multidict propcach
   backports.zstd pydantic pydantic-core annotated-types typing-inspection typing-extensions
   pytest pluggy iniconfig pygments packaging pytest-asyncio pytest-aiohttp pytest-timeout
   hypothesis sortedcontainers gguf typesafe-sdk httpx2 httpcore2 h11 anyio tenacity truststore
-  jinja2 markupsafe scikit-build-core pathspec pybind11)
+  jinja2 markupsafe scikit-build-core pathspec pybind11 pytest-xdist execnet)
 PINS=()
 for p in "${PACKAGES[@]}"; do
   v=$("$VENV_PY" -m pip show "$p" 2>/dev/null | awk '/^Version:/{print $2}')
@@ -66,13 +67,32 @@ if [ "$PREBUILT" = 1 ]; then
     "run make build-gpu ARCH=$ARCH first" >&2; exit 2; }
   STAGE=$(mktemp -d)
   mkdir -p "$STAGE/bin" "$STAGE/include"
-  cp -a "$BUILD"/bin/lib*.so "$BUILD/bin/llama-server" "$STAGE/bin/"
+  # llama-quantize turns the check's generated F16 model into Q4_K_M there, so the quantized
+  # matrix kernels (what a deployed GGUF runs) are compared with the CPU's too.
+  cmake --build "$BUILD" --target llama-quantize >/dev/null
+  cp -a "$BUILD"/bin/lib*.so "$BUILD/bin/llama-server" "$BUILD/bin/llama-quantize" "$STAGE/bin/"
   strip --strip-unneeded "$STAGE"/bin/*
   cp "$LLAMA_ROOT"/src/include/*.h "$LLAMA_ROOT"/src/ggml/include/*.h "$STAGE/include/"
-  tar -czf "$CARRY/llama-cuda-$TAG.tar.gz" -C "$STAGE" bin include
+  # xz, not gzip: 4 MB smaller, which keeps tree + carry under the device's 64 MiB (the check
+  # unpacks it with Python's tarfile, so the GPU host needs no xz binary).
+  rm -f "$CARRY/llama-cuda-$TAG.tar.gz"
+  tar -cf - -C "$STAGE" bin include | xz -T0 -9 >"$CARRY/llama-cuda-$TAG.tar.xz"
   echo "prebuilt: $(du -sh "$STAGE/bin" | cut -f1) stripped," \
-    "$(du -h "$CARRY/llama-cuda-$TAG.tar.gz" | cut -f1) packed"
+    "$(du -h "$CARRY/llama-cuda-$TAG.tar.xz" | cut -f1) packed"
   rm -rf "$STAGE"
+fi
+
+# -- JevBench easy ---------------------------------------------------------------------------------
+# Bench input only (bench/gpu.py --jevbench): GPU latency and GPU-vs-CPU agreement on the tasks
+# the AWS SemIf sample reports its GPU figures on. Taken from the checkout beside this one when
+# it is there; nothing runs or tests from it.
+JEV=$ROOT/../shared/jevbench/easy.jsonl
+if [ -f "$JEV" ]; then
+  cp "$JEV" "$CARRY/jevbench-easy.jsonl"
+  echo "jevbench: $(wc -l <"$JEV") easy tasks"
+else
+  rm -f "$CARRY/jevbench-easy.jsonl"
+  echo "gpu_pack: no $JEV: the check runs without JevBench" >&2
 fi
 
 # -- trimmed source --------------------------------------------------------------------------------

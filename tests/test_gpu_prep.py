@@ -505,3 +505,63 @@ def test_bench_summary_renders(tmp_path: Path, capsys) -> None:
     assert "Failed steps: bench" in text and "FAILED tests.test_a::test_b" in text
     assert "| 200 | 201 | 10.0 | 20.0 | 10.0 |" in text
     assert "bench agreement failed: RuntimeError('x')" in text
+
+
+def _gpu_env():
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        import gpu_env
+    finally:
+        sys.path.pop(0)
+    return gpu_env
+
+
+def test_serial_junit_joins_the_parallel_one(tmp_path: Path, capsys) -> None:
+    gpu_env = _gpu_env()
+    parallel, serial = tmp_path / "junit.xml", tmp_path / "serial.xml"
+    parallel.write_text(
+        '<testsuites><testsuite tests="4" failures="1" errors="0" skipped="1" time="10">'
+        '<testcase classname="tests.test_a" name="test_b"><failure/></testcase>'
+        "</testsuite></testsuites>"
+    )
+    serial.write_text(
+        '<testsuite tests="2" failures="0" errors="1" skipped="0" time="5">'
+        '<testcase classname="tests.test_c" name="test_d"><error/></testcase></testsuite>'
+    )
+    assert gpu_env.merge_junit(parallel, serial) == 0
+    got = gpu_env._junit(parallel)
+    assert {k: got[k] for k in ("tests", "failures", "errors", "skipped")} == {
+        "tests": 6, "failures": 1, "errors": 1, "skipped": 1,
+    }  # fmt: skip
+    assert got["time"] == 15.0
+    assert got["failed"] == ["tests.test_a::test_b", "tests.test_c::test_d"]
+    # A serial part killed before it wrote its file leaves the parallel one as it was.
+    assert gpu_env.merge_junit(parallel, tmp_path / "never-written.xml") == 0
+    assert gpu_env._junit(parallel)["tests"] == 6
+    # The parallel part missing: the serial one alone.
+    alone = tmp_path / "alone.xml"
+    assert gpu_env.merge_junit(alone, serial) == 0
+    assert gpu_env._junit(alone)["tests"] == 2
+
+
+def test_summary_shows_jevbench_and_both_models(tmp_path: Path, capsys) -> None:
+    gpu_env = _gpu_env()
+    stats = {"n": 48, "p50": 0.0123, "p95": 0.0456, "max": 0.05, "mean": 0.02}
+    agreement = {
+        "prompts": 13, "max_abs_dp": 1.5e-4, "max_abs_dlogit": 2e-3, "argmax_agreement": 1.0,
+        "jevbench": {"tasks": 48, "max_abs_dp": 3e-4, "argmax_flips": ["easy-x"]},
+    }  # fmt: skip
+    (tmp_path / "bench_gpu.json").write_text(
+        json.dumps(
+            {
+                "jevbench": {"tasks": 48, "client_seconds": stats},
+                "agreement": {**agreement, "model": "model.gguf"},
+                "quantized": {**agreement, "model": "model-q4_k_m.gguf"},
+            }
+        )
+    )
+    assert gpu_env.summary(tmp_path, "", "1") == 0
+    text = capsys.readouterr().out
+    assert "JevBench, 48 tasks through /v1/systemone: p50 12.3 ms, p95 45.6 ms." in text
+    assert "GPU vs CPU, model-q4_k_m.gguf, 13 prompts: max |dp| 1.50e-04" in text
+    assert "JevBench, 48 tasks: max |dp| 3.00e-04, argmax flips 1 ['easy-x']." in text
