@@ -225,6 +225,8 @@ step "7 tests: -m 'not slow', SEMIF_TEST_GPU_LAYERS=999, the generated model"
 IGNORE=(
   tests/test_deploy.py tests/test_deploy_async.py tests/test_deploy_batch.py  # moto, boto3
   tests/test_deploy_gpu.py tests/test_deploy_scaling.py                       # moto, boto3
+  tests/test_deploy_progress.py tests/test_deploy_uncompressed.py             # moto, boto3
+  tests/test_deploy_update.py tests/test_eval.py                              # moto, boto3
   tests/test_container.py    # hadolint and the Dockerfiles' text
   tests/test_base_image.py   # builds the CPU base-image stand-in (~15 min)
   tests/test_packaging.py    # CPU wheel builds of llama.cpp

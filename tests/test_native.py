@@ -28,6 +28,29 @@ def test_build_is_the_pinned_llama_cpp() -> None:
     assert "CPU" in str(info["system_info"])
 
 
+def test_the_extension_exports_its_module_init_alone() -> None:
+    """Any other exported symbol (a std:: or pybind11 template instance, a static libstdc++)
+    can interpose on libllama's own when libllama was built by another compiler; on the GPU
+    host that crashed the tokenizer's std::regex inside llama_model_load_from_file."""
+    from semif_proxy import _engine
+
+    shown = subprocess.run(
+        ["readelf", "--dyn-syms", "--wide", _engine.__file__],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    exported = {
+        fields[7]
+        for line in shown.splitlines()
+        if len(fields := line.split()) >= 8
+        and fields[4] in ("GLOBAL", "WEAK")
+        and fields[6] != "UND"
+        and fields[3] in ("FUNC", "OBJECT", "TLS", "IFUNC")
+    }
+    assert exported == {"PyInit__engine"}
+
+
 def test_bundled_llama_server_is_the_same_build() -> None:
     server = native.llama_server_path()
     assert server is not None and server.is_file()
