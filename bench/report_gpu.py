@@ -67,6 +67,44 @@ def section(
     return out
 
 
+def _check(data: dict[str, Any]) -> list[str]:
+    """What the GPU check itself found (scripts/gpu_env.py record): the suite with full offload
+    and the exactness self-check, before any figure."""
+    check = data.get("check")
+    if not check:
+        return []
+    tests = check.get("tests") or {}
+    out = ["| | on this GPU |", "|---|---|"]
+    if tests:
+        bad = tests["failures"] + tests["errors"]
+        passed = tests["tests"] - bad - tests["skipped"]
+        cut = "; cut at its time budget" if check.get("timed_out") else ""
+        serial = "" if check.get("serial_run") else "; the `serial` tests not reached"
+        out.append(
+            f"| `not slow` suite, full offload, generated F16 model | {passed} passed, "
+            f"{tests['failures']} failed, {tests['errors']} errors, {tests['skipped']} skipped in "
+            f"{tests['time']:.0f} s{cut}{serial} |"
+        )
+    refusals = check.get("self_check_refusals") or []
+    if refusals:
+        lo = min(r["max_abs_difference"] for r in refusals)
+        hi = max(r["max_abs_difference"] for r in refusals)
+        allowed = refusals[0]["tolerance"]
+        out.append(
+            "| exactness self-check (split against one-piece letter logits) | **failed: "
+            f"{lo:.3g} to {hi:.3g} against {allowed:g} allowed, so the engine refused decisions** "
+            f"({len(refusals)} distinct results over the suite's models and settings) |"
+        )
+    exceeded = check.get("tolerance_exceeded") or []
+    if exceeded:
+        out.append(
+            "| engine tests' GPU tolerance (1e-3 on logits) | exceeded in "
+            f"{len(exceeded)} comparisons, by {min(exceeded):.3g} to {max(exceeded):.3g} |"
+        )
+    out.append(f"| steps that failed | {check.get('failed_steps', '?')} |")
+    return [*out, ""]
+
+
 def _one(data: dict[str, Any]) -> list[str]:
     cores = data.get("machine", {}).get("cores", "?")
     out = [
@@ -77,6 +115,7 @@ def _one(data: dict[str, Any]) -> list[str]:
         "for a model of that size, its answers mean nothing. Medians carry a bootstrap 95 % "
         "interval over the requests; everything else is one run.",
         "",
+        *_check(data),
     ]
     latency = _ok(data, "latency")
     if latency:

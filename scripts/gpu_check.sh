@@ -8,7 +8,8 @@
 #
 # Steps (README "## GPU" has the times): 1 nvidia-smi; 2 Python packages (carried wheels);
 # 3 llama.cpp with CUDA (carried prebuilt libraries, else the carried source); 4 the extension
-# against it; 5 a generated ~300M-parameter F16 model; 6 the memory estimate; 7 the `not slow`
+# against it; 5 a generated ~300M-parameter F16 model; 6 the memory estimate, 6b the engine's
+# exactness self-check on each model (whether decisions are served at all); 7 the `not slow`
 # suite with full offload (8 workers, then the serial tests); 8 bench/gpu.py (with the carried
 # JevBench easy tasks and a Q4_K_M copy of the model when they are there); 9 summary.
 # What comes back ($OUT, at most 8 files): gpu_check.log, nvidia-smi.txt, build.log, pytest.log,
@@ -97,6 +98,11 @@ else
     logged "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
       --target "$WORK/site" "$CARRY"/wheels/*.whl || fail "wheels"
     export PYTHONPATH=$WORK/site${PYTHONPATH:+:$PYTHONPATH}
+    # Tests that start `semif-proxy serve` with an environment of their own (no PYTHONPATH)
+    # still find what the image lacks: a .pth adds the folder after the image's packages.
+    SITE_DIR=$("$PY" -c 'import site; print(site.getsitepackages()[0])')
+    echo "$WORK/site" >"$SITE_DIR/semif-gpu-check.pth" 2>/dev/null \
+      || say "note: $SITE_DIR is not writable; tests with their own environment may miss packages"
   else
     say "no .gpu-carry/wheels: using what $PY has"
   fi
@@ -218,6 +224,20 @@ FREE_ARGS=()
 [ "$DRY" = 1 ] && FREE_ARGS=(--free-gib 80)   # no GPU here: as on an 80 GiB card
 logged "$PY" -m semif_proxy.model.gpu_memory --model "$MODEL" --server-ctx 8192 --engine-ctx 8192 \
   "${FREE_ARGS[@]}" || fail "gpu_memory"
+
+# -- 6b. the exactness self-check ----------------------------------------------------------------
+# What decides whether the engine serves decisions at all with this offload (engine/exactness.py),
+# on each model, first: seconds, and the one figure a later step's failures all follow from.
+step "6b the engine's exactness self-check, full offload"
+for m in "$MODEL" "$QMODEL"; do
+  [ -f "$m" ] || continue
+  if [ "$DRY" = 1 ]; then
+    logged "$PY" scripts/gpu_env.py exactness --model "$m" --gpu-layers 0 || fail "exactness"
+  else
+    logged timeout 120 "$PY" scripts/gpu_env.py exactness --model "$m" --gpu-layers 999 \
+      || fail "exactness $(basename "$m")"
+  fi
+done
 
 # -- 7. the test suite ---------------------------------------------------------------------------
 step "7 tests: -m 'not slow', SEMIF_TEST_GPU_LAYERS=999, the generated model"

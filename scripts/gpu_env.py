@@ -5,6 +5,8 @@ python scripts/gpu_env.py runtime-dirs         # where libcudart/libcublas .so.1
 python scripts/gpu_env.py native [--need-gpu]  # the extension's build and devices
 python scripts/gpu_env.py summary --out DIR [--failed "a b"] [--seconds N]
 python scripts/gpu_env.py merge-junit INTO FROM  # FROM's test suites join INTO (one file back)
+python scripts/gpu_env.py exactness --model M [--gpu-layers 999]  # the engine's self-check
+python scripts/gpu_env.py record --out DIR --results F --commit C  # a check's files as results
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import importlib
 import importlib.metadata
 import json
 import os
+import re
 import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -96,6 +99,23 @@ def _suites(path: Path) -> list[ET.Element]:
     return [root] if root.tag == "testsuite" else root.findall("testsuite")
 
 
+def exactness(model: Path, gpu_layers: int) -> int:
+    """The engine's load-time exactness self-check on `model` (engine/exactness.py): the split
+    a served decision takes against its one-piece evaluation, as the engine will judge it."""
+    from semif_proxy.engine.worker import DecisionEngine
+    from semif_proxy.settings import load_settings
+
+    settings = load_settings({}, model=str(model), n_gpu_layers=gpu_layers, chat=False)
+    engine = DecisionEngine.load(settings)
+    try:
+        check = engine.exactness
+        shown = check.as_dict() if check is not None else None
+        print(json.dumps({"model": model.name, "gpu_layers": gpu_layers, "check": shown}))
+        return 0 if check is not None and check.passed else 1
+    finally:
+        engine.close()
+
+
 def _junit(path: Path) -> dict[str, Any]:
     """Counts summed over the file's suites (the parallel part and the serial part)."""
     suites = _suites(path)
@@ -110,6 +130,59 @@ def _junit(path: Path) -> dict[str, Any]:
                 failed.append(f"{case.get('classname')}::{case.get('name')}")
     seconds = sum(float(suite.get("time", 0)) for suite in suites)
     return {**counts, "time": seconds, "failed": failed}
+
+
+SELF_CHECK = re.compile(
+    r"differ from its one-piece evaluation by up to ([0-9.e+-]+) \(allowed ([0-9.e+-]+)"
+)
+ALLCLOSE = re.compile(r"Max absolute difference among violations: ([0-9.e+-]+)")
+
+
+def record(out: Path, results: Path, commit: str) -> int:
+    """A GPU check's files (what the device returned) as one results file for docs/benchmarks.md
+    (bench/report_gpu.py): bench/gpu.py's sections where it measured them, and `check`: the
+    device, the tests' counts, every distinct exactness self-check refusal and every GPU
+    tolerance a test found exceeded, read from pytest.log."""
+    bench_path = out / "bench_gpu.json"
+    data: dict[str, Any] = json.loads(bench_path.read_text()) if bench_path.is_file() else {}
+    smi = (out / "nvidia-smi.txt").read_text().strip().splitlines()[-1]
+    name, memory, _used, driver, cap = (c.strip() for c in smi.split(","))
+    data["gpu"] = [[name, memory.replace(" MiB", ""), driver]]
+    log = (out / "pytest.log").read_text() if (out / "pytest.log").is_file() else ""
+    check_log = (out / "gpu_check.log").read_text()
+    junit = out / "junit.xml"
+    suites = _suites(junit)
+    stamp = suites[0].get("timestamp", "") if suites else ""
+    machine = data.get("machine") or {}
+    cores = re.search(r"(\d+) cores;", check_log)
+    cpu = re.search(r"cpu: CPU (.+?) [0-9.]+/[0-9.]+ GiB", check_log)
+    data["machine"] = {
+        **machine,
+        "date": machine.get("date") or (stamp[:16] + "Z" if stamp else None),
+        "cores": machine.get("cores") or (int(cores.group(1)) if cores else None),
+        "cpu": machine.get("cpu") or (cpu.group(1) if cpu else "?"),
+        "commit": commit,
+    }
+    refusals = sorted({(float(a), float(b)) for a, b in SELF_CHECK.findall(log)})
+    failed = re.search(r"failed: (.*)$", check_log.strip().splitlines()[-1])
+    data["check"] = {
+        "compute_capability": cap,
+        "tests": _junit(junit),
+        "timed_out": "timed out" in check_log,
+        "serial_run": "serial tests get" in check_log,
+        "failed_steps": failed.group(1) if failed else "?",
+        "self_check_refusals": [{"max_abs_difference": a, "tolerance": b} for a, b in refusals],
+        "tolerance_exceeded": sorted(float(x) for x in ALLCLOSE.findall(log)),
+    }
+    for key in ("latency", "shared", "jevbench", "throughput", "agreement", "memory"):
+        if key not in data:
+            why = "the bench did not write it"
+            if refusals:
+                why = "the server refused decisions (exactness self-check)"
+            data[key] = {"error": f"not run: {why}"}
+    results.write_text(json.dumps(data, indent=2) + "\n")
+    print(f"wrote {results}")
+    return 0
 
 
 def merge_junit(into: Path, other: Path) -> int:
@@ -217,10 +290,21 @@ def main(argv: list[str] | None = None) -> int:
     p_summary.add_argument("--out", type=Path, required=True)
     p_summary.add_argument("--failed", default="")
     p_summary.add_argument("--seconds", default="?")
+    p_exact = sub.add_parser("exactness")
+    p_exact.add_argument("--model", type=Path, required=True)
+    p_exact.add_argument("--gpu-layers", type=int, default=999)
+    p_record = sub.add_parser("record")
+    p_record.add_argument("--out", type=Path, required=True, help="the check's returned files")
+    p_record.add_argument("--results", type=Path, required=True, help="bench/results/gpu-*.json")
+    p_record.add_argument("--commit", required=True, help="the commit the check ran")
     p_merge = sub.add_parser("merge-junit")
     p_merge.add_argument("into", type=Path)
     p_merge.add_argument("other", type=Path)
     args = parser.parse_args(argv)
+    if args.command == "exactness":
+        return exactness(args.model, args.gpu_layers)
+    if args.command == "record":
+        return record(args.out, args.results, args.commit)
     if args.command == "merge-junit":
         return merge_junit(args.into, args.other)
     if args.command == "imports":

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import time
 from pathlib import Path
 
 import pytest
@@ -102,3 +103,15 @@ def test_agreement_and_jevbench_sections_on_two_cpu_servers(
     # The routing example went first and was answered as a three-option decision.
     assert result["agreement"]["input_tokens"][0] < result["agreement"]["input_tokens"][1]
     assert (tmp_path / "cpu-second.log").is_file() and (tmp_path / "quantized.log").is_file()
+
+
+def test_a_server_that_refuses_decisions_fails_its_start_at_once(
+    tiny_merging_model: Path, start_proxy
+) -> None:
+    """The helper the benchmarks start servers with stops waiting as soon as /ping says the
+    engine refuses the model, and says why (on the GPU host an engine whose self-check failed
+    otherwise held the whole bench budget in a wait for a readiness that never came)."""
+    started = time.monotonic()
+    with pytest.raises(RuntimeError, match=r"refuses decisions: .*does not tokenize"):
+        start_proxy(tiny_merging_model, preset="decisions", timeout=300)
+    assert time.monotonic() - started < 60

@@ -565,3 +565,52 @@ def test_summary_shows_jevbench_and_both_models(tmp_path: Path, capsys) -> None:
     assert "JevBench, 48 tasks through /v1/systemone: p50 12.3 ms, p95 45.6 ms." in text
     assert "GPU vs CPU, model-q4_k_m.gguf, 13 prompts: max |dp| 1.50e-04" in text
     assert "JevBench, 48 tasks: max |dp| 3.00e-04, argmax flips 1 ['easy-x']." in text
+
+
+def test_a_checks_files_become_one_results_file(tmp_path: Path) -> None:
+    """What the device returns, read back: the device, the suite's counts, each distinct
+    self-check refusal and each exceeded tolerance, and every bench section said why missing."""
+    gpu_env = _gpu_env()
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "nvidia-smi.txt").write_text(
+        "table\nname, memory.total [MiB], memory.used [MiB], driver_version, compute_cap\n"
+        "NVIDIA H200, 143771 MiB, 0 MiB, 580.159.04, 9.0\n"
+    )
+    (out / "gpu_check.log").write_text(
+        "[  1s] Linux x86_64; 16 cores; deadline 290s\n  cpu: CPU Intel Xeon 125.8/125.8 GiB\n"
+        "[200s] tests (exit 124, timed out)\n[273s] done in 273 s; failed: tests bench\n"
+    )
+    refusal = "differ from its one-piece evaluation by up to {} (allowed 0.001; llama.cpp"
+    (out / "pytest.log").write_text(
+        "\n".join(
+            [
+                *(refusal.format(x) for x in ("0.0178", "0.00635", "0.0178")),
+                "E   Max absolute difference among violations: 0.0213",
+            ]
+        )
+    )
+    (out / "junit.xml").write_text(
+        '<testsuites><testsuite tests="5" failures="1" errors="1" skipped="1" time="9" '
+        'timestamp="2026-12-04T17:15:54"><testcase classname="t" name="a"><failure/></testcase>'
+        "</testsuite></testsuites>"
+    )
+    results = tmp_path / "gpu-h200.json"
+    assert gpu_env.record(out, results, "abc1234") == 0
+    got = json.loads(results.read_text())
+    assert got["gpu"] == [["NVIDIA H200", "143771", "580.159.04"]]
+    assert got["machine"] == {
+        "date": "2026-12-04T17:15Z", "cores": 16, "cpu": "Intel Xeon", "commit": "abc1234",
+    }  # fmt: skip
+    check = got["check"]
+    assert check["self_check_refusals"] == [
+        {"max_abs_difference": 0.00635, "tolerance": 0.001},
+        {"max_abs_difference": 0.0178, "tolerance": 0.001},
+    ]
+    assert check["tolerance_exceeded"] == [0.0213]
+    assert check["timed_out"] is True and check["serial_run"] is False
+    assert check["failed_steps"] == "tests bench"
+    assert check["tests"]["tests"] == 5 and check["tests"]["failed"] == ["t::a"]
+    assert got["latency"] == {
+        "error": "not run: the server refused decisions (exactness self-check)"
+    }

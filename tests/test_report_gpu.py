@@ -77,3 +77,31 @@ def test_gpu_section_from_a_results_file() -> None:
 def test_no_gpu_results_says_so() -> None:
     lines = report_gpu.section([], lambda name: None, lambda: "")
     assert lines[0] == "## GPU" and "No GPU results yet" in lines[2]
+
+
+def test_the_checks_own_findings_come_first() -> None:
+    data = {
+        "gpu": [["NVIDIA H200", "143771", "580.159.04"]],
+        "check": {
+            "tests": {"tests": 10, "failures": 2, "errors": 1, "skipped": 1, "time": 99.6},
+            "timed_out": True,
+            "serial_run": False,
+            "failed_steps": "tests bench",
+            "self_check_refusals": [
+                {"max_abs_difference": 0.00635, "tolerance": 0.001},
+                {"max_abs_difference": 0.0178, "tolerance": 0.001},
+            ],
+            "tolerance_exceeded": [0.0045, 0.0213],
+        },
+        "latency": {"error": "not run: the server refused decisions (exactness self-check)"},
+    }
+    text = "\n".join(report_gpu.section([Path("gpu-h200.json")], lambda n: data, lambda: ""))
+    assert (
+        "| `not slow` suite, full offload, generated F16 model | 6 passed, 2 failed, 1 errors, "
+        "1 skipped in 100 s; cut at its time budget; the `serial` tests not reached |"
+    ) in text
+    refused = "failed: 0.00635 to 0.0178 against 0.001 allowed, so the engine refused decisions"
+    assert f"**{refused}**" in text
+    assert "exceeded in 2 comparisons, by 0.0045 to 0.0213 |" in text
+    assert "Not measured in this run: latency (not run: the server refused decisions" in text
+    assert text.index("exactness self-check") < text.index("Not measured")

@@ -90,6 +90,17 @@ PRESETS: dict[str, dict[str, str | None]] = {
 }
 
 
+def _refusal(reply: Reply | None) -> str | None:
+    """The engine's reason when /ping says it refuses this model, else None."""
+    if reply is None or reply.status != 503:
+        return None
+    try:
+        engine = json.loads(reply.body).get("engine") or {}
+    except (ValueError, AttributeError):
+        return None
+    return str(engine.get("reason")) if engine.get("state") == "refusing" else None
+
+
 class ProxyProcess:
     def __init__(
         self,
@@ -148,10 +159,17 @@ class ProxyProcess:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"semif-proxy exited with {self.proc.returncode} at start")
             try:
-                if self.call("GET", "/ping", timeout=2).status == 200:
-                    return self
+                reply = self.call("GET", "/ping", timeout=2)
             except OSError:
-                pass
+                reply = None
+            if reply is not None and reply.status == 200:
+                return self
+            refusing = _refusal(reply)
+            if refusing:
+                # Final: the engine has decided (e.g. its exactness self-check failed), and
+                # waiting out the timeout would only hide why.
+                self.stop()
+                raise RuntimeError(f"semif-proxy refuses decisions: {refusing}")
             time.sleep(0.2)
         self.stop()
         raise RuntimeError("semif-proxy did not become ready")
