@@ -271,6 +271,7 @@ def compare(gpu: list[dict], cpu: list[dict]) -> dict[str, Any]:
         "argmax_agreement": agree / len(gpu) if gpu else None,
         "per_prompt_dp": dp,
         "input_tokens": [g["input_tokens"] for g in gpu],
+        "options": [len(g["probabilities"]) for g in gpu],
     }
 
 
@@ -412,12 +413,19 @@ def main(argv: list[str] | None = None) -> int:
     # Per model: the GPU server's answers to `prompts` and to the JevBench tasks.
     gpu_answers: dict[Path, tuple[list[dict], list[dict]]] = {}
 
-    def gpu_side(url: str, model: Path) -> None:
-        if "agreement" not in skip:
-            gpu_answers[model] = (collect(url, prompts), collect_tasks(url, tasks)[1])
+    sized = args.agreement_prompts
+    n_sized = sized if sized is not None else 4 if quick else 12
+
+    def gpu_side(url: str, model: Path) -> dict[str, int]:
+        """The GPU server's answers to the agreement prompts (made here if the first model's
+        server gave none: it may refuse where a quantized one serves)."""
+        nonlocal prompts
+        if not prompts:
+            prompts = agreement_prompts(words_for(url), n_sized)
+        gpu_answers[model] = (collect(url, prompts), collect_tasks(url, tasks)[1])
+        return {"prompts": len(prompts), "tasks": len(tasks)}
 
     def on_gpu() -> dict[str, Any]:
-        nonlocal prompts
         with Server(args.model, gpu_env, args.logs / "bench.log" if args.logs else None) as gpu:
             fit = words_for(gpu.url)
             section("latency", latency, gpu.url, fit, targets, 3 if quick else 15)
@@ -425,13 +433,16 @@ def main(argv: list[str] | None = None) -> int:
             if tasks:
 
                 def timed_tasks() -> dict[str, Any]:
-                    collect_tasks(gpu.url, tasks[:2])  # warm-up
+                    # Warmed on a state no task has, so every timed task's state stays cold.
+                    warm = Task(
+                        "warm-up", {**tasks[0].row, "state": "Warm-up. " + tasks[0].row["state"]}
+                    )
+                    ask_systemone(gpu.url, warm)
                     return jevbench_latency(collect_tasks(gpu.url, tasks)[0], tasks)
 
                 section("jevbench", timed_tasks)
-            sized = args.agreement_prompts
-            prompts = agreement_prompts(fit, sized if sized is not None else 4 if quick else 12)
-            gpu_side(gpu.url, args.model)
+            if "agreement" not in skip:
+                section("agreement_gpu", gpu_side, gpu.url, args.model)
             section("throughput", throughput, gpu.url, fit, [1, 4, 16], 2.0 if quick else 5.0)
         return {"tokens_per_word": fit[1], "prompt_tokens_at_zero_words": fit[0]}
 
@@ -455,7 +466,9 @@ def main(argv: list[str] | None = None) -> int:
 
         try:
             cpu_results, cpu_tasks = on_cpu()
-        except RuntimeError as exc:  # a CUDA build that will not start without a device
+        except RuntimeError as exc:
+            if "exited with" not in str(exc):  # only a CUDA build that will not start at all
+                raise
             log(f"CPU server without a visible GPU failed ({exc}); n_gpu_layers 0 alone")
             side = "n_gpu_layers 0 (GPU visible: ggml may offload large matrix products)"
             cpu_env.pop("CUDA_VISIBLE_DEVICES")
@@ -471,7 +484,7 @@ def main(argv: list[str] | None = None) -> int:
         return out
 
     section("agreement", agreement, args.model)
-    if args.quantized is not None:
+    if args.quantized is not None and "agreement" not in skip:
         section("quantized", agreement, args.quantized)
     section("memory", memory, args.model, 8192, args.logs)
     result["seconds"] = time.monotonic() - started

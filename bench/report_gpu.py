@@ -31,6 +31,11 @@ def median_ci(values: list[float]) -> tuple[float, float | None, float | None]:
     return float(np.median(v)), float(lo), float(hi)
 
 
+def num(value: float | None, spec: str) -> str:
+    """A figure, or a dash where the run had none to give (e.g. no prompt was compared)."""
+    return "—" if value is None else format(value, spec)
+
+
 def ms_ci(values: list[float]) -> str:
     point, lo, hi = median_ci(values)
     if lo is None or hi is None:
@@ -75,6 +80,15 @@ def _check(data: dict[str, Any]) -> list[str]:
         return []
     tests = check.get("tests") or {}
     out = ["| | on this GPU |", "|---|---|"]
+    for run in check.get("exactness") or []:
+        result = run.get("check") or {}
+        verdict = "passed" if result.get("passed") else "**failed: the engine refuses decisions**"
+        out.append(
+            f"| exactness self-check at start, {run.get('model', '?')}, "
+            f"{run.get('gpu_layers', '?')} layers offloaded | {verdict}; largest letter-logit "
+            f"difference {num(result.get('max_abs_difference'), '.3g')} (allowed "
+            f"{num(result.get('tolerance'), 'g')}) |"
+        )
     if tests:
         bad = tests["failures"] + tests["errors"]
         passed = tests["tests"] - bad - tests["skipped"]
@@ -105,18 +119,29 @@ def _check(data: dict[str, Any]) -> list[str]:
     return [*out, ""]
 
 
+def _model(data: dict[str, Any]) -> str:
+    model = (data.get("check") or {}).get("model") or {}
+    if model.get("params"):
+        return f"a generated {model['params'] / 1e6:.0f}M-parameter llama in {model['dtype']}"
+    return "a generated llama"
+
+
 def _one(data: dict[str, Any]) -> list[str]:
     cores = data.get("machine", {}).get("cores", "?")
-    out = [
-        f"One run of `scripts/gpu_check.sh` (bench/gpu.py) on **{device(data)}** ({cores} host "
-        "cores), every layer offloaded. The model is a generated ~300M-parameter llama with "
-        "random weights in F16 (`semif_proxy.model.tiny_gguf`; a real GGUF is too big to carry "
-        "to that machine), and for the agreement also its Q4_K_M quantization: its speed stands "
-        "for a model of that size, its answers mean nothing. Medians carry a bootstrap 95 % "
-        "interval over the requests; everything else is one run.",
-        "",
-        *_check(data),
-    ]
+    measured = [k for k in ("latency", "shared", "jevbench", "throughput") if _ok(data, k)]
+    also = " and its Q4_K_M quantization" if _ok(data, "quantized") else ""
+    intro = (
+        f"One run of `scripts/gpu_check.sh` on **{device(data)}** ({cores} host cores), every "
+        f"layer offloaded, on {_model(data)}{also} with random weights "
+        "(`semif_proxy.model.tiny_gguf`; a real GGUF is too big to carry to that machine): its "
+        "speed stands for a model of that size, its answers mean nothing."
+    )
+    if measured:
+        intro += (
+            " Medians carry a bootstrap 95 % interval over the requests; everything else is one "
+            "run."
+        )
+    out = [intro, "", *_check(data)]
     latency = _ok(data, "latency")
     if latency:
         out += [
@@ -136,6 +161,7 @@ def _one(data: dict[str, Any]) -> list[str]:
     if jev:
         aws = AWS_SAMPLE_GPU
         values = jev.get("client_values") or []
+        p50 = ms_ci(values) if values else f"{jev['client_seconds']['p50'] * 1000:.1f} ms"
         out += [
             "JevBench easy tasks, each once through `POST /v1/systemone`, one at a time, beside "
             "the GPU figures the AWS SemIf sample reports for the JevBench tasks. **Different "
@@ -146,14 +172,14 @@ def _one(data: dict[str, Any]) -> list[str]:
             "| server | GPU | model | tasks | p50 | p95 |",
             "|---|---|---|---|---|---|",
             f"| semif-proxy | {device(data).split(',')[0]} | generated ~300M F16 | "
-            f"{jev['tasks']} | {ms_ci(values) if values else jev['client_seconds']['p50']} | "
+            f"{jev['tasks']} | {p50} | "
             f"{jev['client_seconds']['p95'] * 1000:.1f} ms |",
             f"| AWS SemIf sample (its README) | {aws['hardware']} | its own | JevBench | "
             f"{aws['p50'] * 1000:.0f} ms | {aws['p95'] * 1000:.0f} ms |",
             "",
         ]
     shared = _ok(data, "shared")
-    if shared:
+    if shared and shared.get("speedup") is not None:
         out += [
             f"Shared state: {shared['questions']} questions on one ~{shared.get('prefix_tokens')}"
             f"-token state in one request took {shared['shared_seconds'] * 1000:.0f} ms; the same "
@@ -162,7 +188,7 @@ def _one(data: dict[str, Any]) -> list[str]:
             "",
         ]
     throughput = _ok(data, "throughput")
-    if throughput:
+    if throughput and all("decisions_per_second" in row for row in throughput.values()):
         out += [
             "| concurrent clients (~200-token prompts) | decisions/s | p50 | p95 |",
             "|---|---|---|---|",
@@ -193,11 +219,11 @@ def _one(data: dict[str, Any]) -> list[str]:
             jv = a.get("jevbench") or {}
             flips = jv.get("argmax_flips")
             out.append(
-                f"| {a.get('model', '?')} | {a['prompts']} | {a['max_abs_dp']:.1e} | "
-                f"{a['max_abs_dlogit']:.1e} | {a['argmax_agreement']:.0%} | "
-                f"{jv.get('tasks', '—')} | "
-                + (f"{jv['max_abs_dp']:.1e}" if jv.get("max_abs_dp") is not None else "—")
-                + f" | {len(flips) if flips is not None else '—'} |"
+                f"| {a.get('model', '?')} | {a['prompts']} | {num(a.get('max_abs_dp'), '.1e')} | "
+                f"{num(a.get('max_abs_dlogit'), '.1e')} | "
+                f"{num(a.get('argmax_agreement'), '.0%')} | {jv.get('tasks', '—')} | "
+                f"{num(jv.get('max_abs_dp'), '.1e')} | "
+                f"{len(flips) if flips is not None else '—'} |"
             )
         out.append("")
     memory = _ok(data, "memory")

@@ -138,16 +138,35 @@ SELF_CHECK = re.compile(
 ALLCLOSE = re.compile(r"Max absolute difference among violations: ([0-9.e+-]+)")
 
 
-def record(out: Path, results: Path, commit: str) -> int:
+def _json_lines(text: str, key: str) -> list[dict[str, Any]]:
+    """The JSON objects logged one per line that hold `key` (step 5's model, step 6b's checks)."""
+    found = []
+    for line in text.splitlines():
+        line = line.strip()
+        if line.startswith("{") and f'"{key}"' in line:
+            try:
+                found.append(json.loads(line))
+            except ValueError:
+                continue
+    return found
+
+
+def record(out: Path, results: Path, commit: str | None) -> int:
     """A GPU check's files (what the device returned) as one results file for docs/benchmarks.md
     (bench/report_gpu.py): bench/gpu.py's sections where it measured them, and `check`: the
     device, the tests' counts, every distinct exactness self-check refusal and every GPU
     tolerance a test found exceeded, read from pytest.log."""
     bench_path = out / "bench_gpu.json"
     data: dict[str, Any] = json.loads(bench_path.read_text()) if bench_path.is_file() else {}
-    smi = (out / "nvidia-smi.txt").read_text().strip().splitlines()[-1]
-    name, memory, _used, driver, cap = (c.strip() for c in smi.split(","))
-    data["gpu"] = [[name, memory.replace(" MiB", ""), driver]]
+    smi_path = out / "nvidia-smi.txt"
+    smi = smi_path.read_text().strip().splitlines()[-1:] if smi_path.is_file() else []
+    fields = [c.strip() for c in smi[0].split(",")] if smi else []
+    cap = None
+    if len(fields) == 5:  # name, memory.total, memory.used, driver_version, compute_cap
+        data["gpu"] = [[fields[0], fields[1].replace(" MiB", ""), fields[3]]]
+        cap = fields[4]
+    else:  # a dry run, or no GPU seen: nothing to name
+        data["gpu"] = []
     log = (out / "pytest.log").read_text() if (out / "pytest.log").is_file() else ""
     check_log = (out / "gpu_check.log").read_text()
     junit = out / "junit.xml"
@@ -161,11 +180,15 @@ def record(out: Path, results: Path, commit: str) -> int:
         "date": machine.get("date") or (stamp[:16] + "Z" if stamp else None),
         "cores": machine.get("cores") or (int(cores.group(1)) if cores else None),
         "cpu": machine.get("cpu") or (cpu.group(1) if cpu else "?"),
-        "commit": commit,
     }
+    stamped = re.search(r"commit: (\S+)", check_log)
+    data["machine"]["commit"] = stamped.group(1) if stamped else commit
     refusals = sorted({(float(a), float(b)) for a, b in SELF_CHECK.findall(log)})
     failed = re.search(r"failed: (.*)$", check_log.strip().splitlines()[-1])
+    models = [m for m in _json_lines(check_log, "params") if "path" in m]
     data["check"] = {
+        "model": models[0] if models else None,
+        "exactness": _json_lines(check_log, "check"),
         "compute_capability": cap,
         "tests": _junit(junit),
         "timed_out": "timed out" in check_log,
@@ -174,12 +197,12 @@ def record(out: Path, results: Path, commit: str) -> int:
         "self_check_refusals": [{"max_abs_difference": a, "tolerance": b} for a, b in refusals],
         "tolerance_exceeded": sorted(float(x) for x in ALLCLOSE.findall(log)),
     }
-    for key in ("latency", "shared", "jevbench", "throughput", "agreement", "memory"):
+    for key in ("latency", "shared", "jevbench", "throughput", "agreement", "quantized", "memory"):
         if key not in data:
-            why = "the bench did not write it"
+            why = "bench/gpu.py wrote no figure for it"
             if refusals:
-                why = "the server refused decisions (exactness self-check)"
-            data[key] = {"error": f"not run: {why}"}
+                why += " (in the suite the engine refused decisions: exactness self-check)"
+            data[key] = {"error": f"not measured: {why}"}
     results.write_text(json.dumps(data, indent=2) + "\n")
     print(f"wrote {results}")
     return 0
@@ -196,6 +219,10 @@ def merge_junit(into: Path, other: Path) -> int:
     root.extend(mine + theirs)
     ET.ElementTree(root).write(into, encoding="utf-8", xml_declaration=True)
     return 0
+
+
+def _num(value: float | None, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
 
 
 def _ms(value: float | None) -> str:
@@ -251,13 +278,13 @@ def summary(out: Path, failed: str, seconds: str) -> int:
             a = bench[key]
             lines.append(
                 f"GPU vs CPU, {a.get('model', 'the model')}, {a['prompts']} prompts: max |dp| "
-                f"{a['max_abs_dp']:.2e}, max |dlogit| {a['max_abs_dlogit']:.2e}, argmax "
-                f"agreement {a['argmax_agreement']:.0%}."
+                f"{_num(a['max_abs_dp'], '.2e')}, max |dlogit| {_num(a['max_abs_dlogit'], '.2e')}"
+                f", argmax agreement {_num(a['argmax_agreement'], '.0%')}."
             )
             if "jevbench" in a:
                 jv = a["jevbench"]
                 lines.append(
-                    f"  JevBench, {jv['tasks']} tasks: max |dp| {jv['max_abs_dp']:.2e}, "
+                    f"  JevBench, {jv['tasks']} tasks: max |dp| {_num(jv['max_abs_dp'], '.2e')}, "
                     f"argmax flips {len(jv['argmax_flips'])} {jv['argmax_flips'] or ''}".rstrip()
                     + "."
                 )
@@ -296,7 +323,9 @@ def main(argv: list[str] | None = None) -> int:
     p_record = sub.add_parser("record")
     p_record.add_argument("--out", type=Path, required=True, help="the check's returned files")
     p_record.add_argument("--results", type=Path, required=True, help="bench/results/gpu-*.json")
-    p_record.add_argument("--commit", required=True, help="the commit the check ran")
+    p_record.add_argument(
+        "--commit", help="the commit the check ran, where its log does not say (default: none)"
+    )
     p_merge = sub.add_parser("merge-junit")
     p_merge.add_argument("into", type=Path)
     p_merge.add_argument("other", type=Path)

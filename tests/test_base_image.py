@@ -33,6 +33,7 @@ from pathlib import Path
 import pytest
 
 from semif_proxy.testing.server import ProxyProcess
+from tests.helpers.elf import exported_symbols
 from tests.helpers.image import DOCKERFILES, IMAGE_VENV, ROOT, build_context, parse
 
 CACHE = Path(os.environ.get("SEMIF_CACHE_DIR", Path.home() / ".cache" / "semif-proxy"))
@@ -157,6 +158,9 @@ def test_the_venv_links_the_bases_libllama_and_bundles_nothing(
         ["readelf", "-d", str(engine)], capture_output=True, text=True, timeout=30
     ).stdout
     assert "[libllama.so" in needed and "[libggml.so" in needed
+    # Built by another compiler than the base's libllama: nothing of ours may interpose on it
+    # (on a GPU host an exported C++ runtime symbol crashed its tokenizer; csrc/exports.map).
+    assert exported_symbols(engine) == {"PyInit__engine"}
     # The base keeps versioned sonames (libllama.so.0) and the loader finds them on its path.
     ldd = subprocess.run(
         ["ldd", str(engine)],

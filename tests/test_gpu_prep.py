@@ -577,8 +577,12 @@ def test_a_checks_files_become_one_results_file(tmp_path: Path) -> None:
         "table\nname, memory.total [MiB], memory.used [MiB], driver_version, compute_cap\n"
         "NVIDIA H200, 143771 MiB, 0 MiB, 580.159.04, 9.0\n"
     )
+    model = {"path": "/w/model.gguf", "name": "semif-random-296M", "params": 296268800}
+    exact = {"model": "model-q4_k_m.gguf", "gpu_layers": 999, "check": {"passed": True}}
     (out / "gpu_check.log").write_text(
-        "[  1s] Linux x86_64; 16 cores; deadline 290s\n  cpu: CPU Intel Xeon 125.8/125.8 GiB\n"
+        "[  1s] Linux x86_64; 16 cores; deadline 290s\n[  1s] commit: f00dcafe\n"
+        "  cpu: CPU Intel Xeon 125.8/125.8 GiB\n"
+        f"{json.dumps({**model, 'dtype': 'f16'})}\n{json.dumps(exact)}\n"
         "[200s] tests (exit 124, timed out)\n[273s] done in 273 s; failed: tests bench\n"
     )
     refusal = "differ from its one-piece evaluation by up to {} (allowed 0.001; llama.cpp"
@@ -599,10 +603,13 @@ def test_a_checks_files_become_one_results_file(tmp_path: Path) -> None:
     assert gpu_env.record(out, results, "abc1234") == 0
     got = json.loads(results.read_text())
     assert got["gpu"] == [["NVIDIA H200", "143771", "580.159.04"]]
+    # The commit the check's own log stamps wins over the one given.
     assert got["machine"] == {
-        "date": "2026-12-04T17:15Z", "cores": 16, "cpu": "Intel Xeon", "commit": "abc1234",
+        "date": "2026-12-04T17:15Z", "cores": 16, "cpu": "Intel Xeon", "commit": "f00dcafe",
     }  # fmt: skip
     check = got["check"]
+    assert check["model"] == {**model, "dtype": "f16"}
+    assert check["exactness"] == [exact]
     assert check["self_check_refusals"] == [
         {"max_abs_difference": 0.00635, "tolerance": 0.001},
         {"max_abs_difference": 0.0178, "tolerance": 0.001},
@@ -611,6 +618,30 @@ def test_a_checks_files_become_one_results_file(tmp_path: Path) -> None:
     assert check["timed_out"] is True and check["serial_run"] is False
     assert check["failed_steps"] == "tests bench"
     assert check["tests"]["tests"] == 5 and check["tests"]["failed"] == ["t::a"]
-    assert got["latency"] == {
-        "error": "not run: the server refused decisions (exactness self-check)"
-    }
+    for key in ("latency", "quantized", "memory"):
+        assert got[key]["error"].startswith("not measured: bench/gpu.py wrote no figure for it")
+    assert "the engine refused decisions" in got["latency"]["error"]
+
+
+def test_summary_shows_a_dash_where_nothing_was_compared(tmp_path: Path, capsys) -> None:
+    gpu_env = _gpu_env()
+    none = {"max_abs_dp": None, "max_abs_dlogit": None, "argmax_agreement": None}
+    (tmp_path / "bench_gpu.json").write_text(
+        json.dumps({"quantized": {"model": "q.gguf", "prompts": 0, **none}})
+    )
+    assert gpu_env.summary(tmp_path, "", "1") == 0
+    assert (
+        "GPU vs CPU, q.gguf, 0 prompts: max |dp| -, max |dlogit| -, argmax agreement -."
+        in capsys.readouterr().out
+    )
+
+
+def test_a_dry_runs_files_record_no_gpu(tmp_path: Path) -> None:
+    gpu_env = _gpu_env()
+    (tmp_path / "nvidia-smi.txt").write_text("no NVIDIA GPU visible (nvidia-smi finds none)\n")
+    (tmp_path / "gpu_check.log").write_text("[ 35s] done in 35 s; failed: nothing\n")
+    results = tmp_path / "gpu-dry.json"
+    assert gpu_env.record(tmp_path, results, None) == 0
+    got = json.loads(results.read_text())
+    assert got["gpu"] == [] and got["check"]["compute_capability"] is None
+    assert got["check"]["self_check_refusals"] == [] and got["check"]["failed_steps"] == "nothing"

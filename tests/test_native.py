@@ -33,22 +33,9 @@ def test_the_extension_exports_its_module_init_alone() -> None:
     can interpose on libllama's own when libllama was built by another compiler; on the GPU
     host that crashed the tokenizer's std::regex inside llama_model_load_from_file."""
     from semif_proxy import _engine
+    from tests.helpers.elf import exported_symbols
 
-    shown = subprocess.run(
-        ["readelf", "--dyn-syms", "--wide", _engine.__file__],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    exported = {
-        fields[7]
-        for line in shown.splitlines()
-        if len(fields := line.split()) >= 8
-        and fields[4] in ("GLOBAL", "WEAK")
-        and fields[6] != "UND"
-        and fields[3] in ("FUNC", "OBJECT", "TLS", "IFUNC")
-    }
-    assert exported == {"PyInit__engine"}
+    assert exported_symbols(_engine.__file__) == {"PyInit__engine"}
 
 
 def test_bundled_llama_server_is_the_same_build() -> None:

@@ -83,6 +83,14 @@ def test_the_checks_own_findings_come_first() -> None:
     data = {
         "gpu": [["NVIDIA H200", "143771", "580.159.04"]],
         "check": {
+            "model": {"params": 296268800, "dtype": "f16"},
+            "exactness": [
+                {
+                    "model": "model-q4_k_m.gguf",
+                    "gpu_layers": 999,
+                    "check": {"passed": True, "max_abs_difference": 2.5e-4, "tolerance": 0.001},
+                }
+            ],
             "tests": {"tests": 10, "failures": 2, "errors": 1, "skipped": 1, "time": 99.6},
             "timed_out": True,
             "serial_run": False,
@@ -105,3 +113,24 @@ def test_the_checks_own_findings_come_first() -> None:
     assert "exceeded in 2 comparisons, by 0.0045 to 0.0213 |" in text
     assert "Not measured in this run: latency (not run: the server refused decisions" in text
     assert text.index("exactness self-check") < text.index("Not measured")
+    assert "on a generated 296M-parameter llama in f16 with random weights" in text
+    assert (
+        "| exactness self-check at start, model-q4_k_m.gguf, 999 layers offloaded | passed; "
+        "largest letter-logit difference 0.00025 (allowed 0.001) |"
+    ) in text
+    # Nothing was timed: no word about intervals, and no Q4_K_M agreement claimed.
+    assert "bootstrap" not in text and "Q4_K_M quantization" not in text
+
+
+def test_a_run_without_figures_to_compare_shows_dashes() -> None:
+    """A quantized server that answered while the F16 one refused: no prompt compared on the
+    first model gives None figures, shown as dashes instead of a crash."""
+    data = {
+        "agreement": {"model": "m.gguf", "prompts": 0, "max_abs_dp": None,
+                      "max_abs_dlogit": None, "argmax_agreement": None},
+        "shared": {"questions": 21, "speedup": None},
+        "throughput": {},
+    }  # fmt: skip
+    text = "\n".join(report_gpu.section([Path("gpu-x.json")], lambda n: data, lambda: ""))
+    assert "| m.gguf | 0 | — | — | — | — | — | — |" in text
+    assert "Shared state" not in text and "concurrent clients" not in text

@@ -95,10 +95,12 @@ def _refusal(reply: Reply | None) -> str | None:
     if reply is None or reply.status != 503:
         return None
     try:
-        engine = json.loads(reply.body).get("engine") or {}
+        engine = json.loads(reply.body).get("engine")
     except (ValueError, AttributeError):
         return None
-    return str(engine.get("reason")) if engine.get("state") == "refusing" else None
+    if not isinstance(engine, dict) or engine.get("state") != "refusing":
+        return None
+    return str(engine.get("reason"))
 
 
 class ProxyProcess:
