@@ -9,6 +9,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from bench import common
+
 Z95 = 1.959963984540054  # the standard normal's 97.5th percentile
 # The paired bootstrap: resamples and a fixed seed (the same rows give the same interval).
 RESAMPLES = 2_000
@@ -71,3 +73,16 @@ def percentile(values: Sequence[float], q: float) -> float | None:
     lo = math.floor(k)
     hi = min(lo + 1, len(ordered) - 1)
     return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
+
+
+def median_interval(values: list[float]) -> tuple[float, float | None, float | None]:
+    """The median of the values (per-round ratios, per-request seconds) and its bootstrap 95 %
+    interval (values resampled; the benchmark report's resamples and seed, bench/common.py, not
+    the readouts' own); no interval under MIN_PAIRS values."""
+    v = np.asarray(values, dtype=float)
+    if len(v) < common.MIN_PAIRS:
+        return float(np.median(v)), None, None
+    rng = np.random.default_rng(common.SEED)
+    idx = rng.integers(0, len(v), size=(common.BOOTSTRAP, len(v)))
+    lo, hi = np.percentile(np.median(v[idx], axis=1), [2.5, 97.5])
+    return float(np.median(v)), float(lo), float(hi)

@@ -24,6 +24,7 @@ import numpy as np
 
 from bench import concurrency, report_gpu
 from bench.common import BOOTSTRAP, MIN_PAIRS, RESULTS, SEED
+from bench.readouts_stats import median_interval
 
 
 def load(suite: str, tag: str) -> dict[str, Any] | None:
@@ -298,18 +299,6 @@ def paired_ratio(num: list[float], den: list[float]) -> tuple[float, float | Non
     ratios = np.median(a[idx], axis=1) / np.median(b[idx], axis=1)
     lo, hi = np.percentile(ratios, [2.5, 97.5])
     return point, float(lo), float(hi)
-
-
-def median_interval(values: list[float]) -> tuple[float, float | None, float | None]:
-    """The median of per-round ratios and its bootstrap 95 % interval (rounds resampled); no
-    interval under MIN_PAIRS rounds."""
-    v = np.asarray(values, dtype=float)
-    if len(v) < MIN_PAIRS:
-        return float(np.median(v)), None, None
-    rng = np.random.default_rng(SEED)
-    idx = rng.integers(0, len(v), size=(BOOTSTRAP, len(v)))
-    lo, hi = np.percentile(np.median(v[idx], axis=1), [2.5, 97.5])
-    return float(np.median(v)), float(lo), float(hi)
 
 
 def fx(point: float, lo: float | None = None, hi: float | None = None, n: int = 0) -> str:

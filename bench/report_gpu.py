@@ -11,24 +11,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-from bench.common import BOOTSTRAP, MIN_PAIRS, SEED
+from bench.readouts_stats import median_interval
 
 # The AWS SemIf sample's README: its GPU decision latency on the JevBench tasks, an L40S-class
 # instance, its own model. Kept beside ours with that said, not as a like-for-like comparison.
 AWS_SAMPLE_GPU = {"p50": 0.352, "p95": 0.599, "hardware": "L40S-class (g6e)"}
-
-
-def median_ci(values: list[float]) -> tuple[float, float | None, float | None]:
-    """The median and its bootstrap 95 % interval (values resampled); none under MIN_PAIRS."""
-    v = np.asarray(values, dtype=float)
-    if len(v) < MIN_PAIRS:
-        return float(np.median(v)), None, None
-    rng = np.random.default_rng(SEED)
-    idx = rng.integers(0, len(v), size=(BOOTSTRAP, len(v)))
-    lo, hi = np.percentile(np.median(v[idx], axis=1), [2.5, 97.5])
-    return float(np.median(v)), float(lo), float(hi)
 
 
 def num(value: float | None, spec: str) -> str:
@@ -37,7 +24,7 @@ def num(value: float | None, spec: str) -> str:
 
 
 def ms_ci(values: list[float]) -> str:
-    point, lo, hi = median_ci(values)
+    point, lo, hi = median_interval(values)
     if lo is None or hi is None:
         return f"{point * 1000:.1f} ms (no interval: {len(values)} requests)"
     return f"{point * 1000:.1f} ms [{lo * 1000:.1f}, {hi * 1000:.1f}]"
