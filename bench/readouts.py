@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.readouts_rows import compatible, fingerprint, read_rows, row_key
+from bench.readouts_rows import fingerprint, read_rows, rewrite, row_key, superseded
 from semif_proxy.engine.bias import is_pmi
 from semif_proxy.eval.jevbench import Task, label_probabilities, predicted_label, read_tasks
 
@@ -261,12 +261,18 @@ def run(args: argparse.Namespace, out: Path) -> int:
     rows_file = out / f"readouts-{args.tag}.jsonl"
     header, rows = read_rows(rows_file)
     wanted = fingerprint(args.model, model_sha256(args.model))
-    if header is not None and header != wanted and compatible(header, wanted):
-        # A readout added since: its version joins the header, the rows stay.
-        lines = rows_file.read_text(encoding="utf-8").splitlines(keepends=True)
-        lines[0] = json.dumps({"fingerprint": wanted}) + "\n"
-        rows_file.write_text("".join(lines), encoding="utf-8")
-        header = wanted
+    gone = superseded(header, wanted) if header is not None and header != wanted else None
+    if gone is not None:
+        # A readout added since: its version joins the header, the rows stay. A readout whose
+        # version changed: its rows go (git holds them) and are asked again.
+        kept = {k: r for k, r in rows.items() if r.get("prompt_version") not in gone}
+        if len(kept) < len(rows):
+            note(
+                f"{len(rows) - len(kept)} rows of {', '.join(sorted(gone))} dropped from "
+                f"{rows_file}: that version was replaced; asked again"
+            )
+        rewrite(rows_file, wanted, kept)
+        header, rows = wanted, kept
     if header is not None and header != wanted and not args.fresh:
         print(
             f"{rows_file} holds rows of another run (fingerprint {json.dumps(header)}; this "

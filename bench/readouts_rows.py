@@ -33,16 +33,26 @@ def fingerprint(model: Path, sha256: str) -> dict[str, Any]:
     }
 
 
-def compatible(held: dict[str, Any], wanted: dict[str, Any]) -> bool:
-    """Rows under `held` still mean what `wanted` would measure: the same format and model,
-    and every prompt version both name the same. A readout added since (a version `held` does
-    not name) leaves the rows already there as they were."""
+def superseded(held: dict[str, Any], wanted: dict[str, Any]) -> set[str] | None:
+    """What of the rows under `held` no longer means what `wanted` would measure: None when
+    nothing does (another format or model), else the prompt versions `wanted` replaced (empty:
+    every row still holds). A readout added since (a version `held` does not name) leaves the
+    rows already there as they were; a readout whose version changed has its rows asked again
+    (each row names the version that made it)."""
     if {k: v for k, v in held.items() if k != "prompt_versions"} != {
         k: v for k, v in wanted.items() if k != "prompt_versions"
     }:
-        return False
+        return None
     old, new = held.get("prompt_versions", {}), wanted.get("prompt_versions", {})
-    return all(new.get(name) == version for name, version in old.items())
+    return {version for name, version in old.items() if new.get(name) != version}
+
+
+def rewrite(path: Path, header: dict[str, Any], rows: dict[tuple, dict[str, Any]]) -> None:
+    """The rows file as `header` and these rows (written whole, then moved into place)."""
+    lines = [json.dumps({"fingerprint": header})] + [json.dumps(r) for r in rows.values()]
+    tmp = path.with_suffix(".jsonl.tmp")
+    tmp.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    tmp.replace(path)
 
 
 def read_rows(path: Path) -> tuple[dict[str, Any] | None, dict[tuple, dict[str, Any]]]:

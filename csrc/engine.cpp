@@ -303,7 +303,7 @@ void Engine::decode_or_throw(const Batch& batch, const char* what) {
 
 bool Engine::ensure_prefix(const std::vector<llama_token>& prefix, ScoreStats& stats,
                            bool need_logits, const std::vector<llama_token>* question,
-                           const RowSink& on_question) {
+                           const RowSink& on_question, size_t question_rows) {
     auto start = Clock::now();
     llama_memory_t mem = llama_get_memory(ctx_.get());
     drop_branches();
@@ -325,55 +325,65 @@ bool Engine::ensure_prefix(const std::vector<llama_token>& prefix, ScoreStats& s
     // sequence 0 in the same stream of ubatches: the prompt then costs the llama_decode calls of
     // its one-piece evaluation (one for a 200-token decision instead of two; each call streams
     // the weights and syncs the threads once), and its numbers are the one-piece evaluation's,
-    // which the split path gives too. Only the question's last position is an output: a second
-    // output row changes the last layer's matrix products from one row to two, which moved
-    // logits by 1e-6 on an F16 model. So the prefix's own logits are not computed then, and a
-    // later call that reads them evaluates the prefix again.
+    // which the split path gives too. Only the question's rows are outputs: another output row
+    // changes the last layer's matrix products (one row against two moved logits by 1e-6 on an
+    // F16 model). So the prefix's own logits are not computed then, and a later call that reads
+    // them evaluates the prefix again.
     const bool fused = question != nullptr && !question->empty() && !need_logits &&
                        prefix.size() % cell_align_ == 0;
     const size_t total = prefix.size() + (fused ? question->size() : 0);
+    if (total == 0) throw LlamaError(kBadArgument, "nothing to evaluate");
+    // Outputs: the prefix's last position, or the question's last `rows` positions.
+    const size_t rows = fused ? std::max<size_t>(1, std::min(question_rows, question->size())) : 1;
+    const size_t first_out = total - rows;
     // One ubatch per llama_decode call: the calls are split exactly where llama_decode would
     // split one big batch (a single sequence goes in order), and a thread-count change
     // (set_threads) applies at the next ubatch instead of after the whole prefix.
     Batch batch(std::min(n_batch_, n_ubatch_), 1);
-    int32_t last_row = -1;
+    std::vector<std::pair<size_t, int32_t>> wants;  // (position, batch index) in this ubatch
     bool question_started = false;
     double prefix_seconds = 0.0;
-    for (size_t i = 0; i < total; ++i) {
-        const bool in_prefix = i < prefix.size();
-        const llama_token token = in_prefix ? prefix[i] : (*question)[i - prefix.size()];
-        last_row = batch.add(token, static_cast<llama_pos>(i), 0, i + 1 == total);
-        if (!batch.full() && i + 1 != total) continue;
-        // A call shared by the prefix's end and the question counts as the question's.
-        if (!in_prefix && !question_started) {
-            question_started = true;
-            prefix_seconds = seconds_since(start);
+    try {
+        for (size_t i = 0; i < total; ++i) {
+            const bool in_prefix = i < prefix.size();
+            const llama_token token = in_prefix ? prefix[i] : (*question)[i - prefix.size()];
+            const int32_t index = batch.add(token, static_cast<llama_pos>(i), 0, i >= first_out);
+            if (i >= first_out) wants.emplace_back(i, index);
+            if (!batch.full() && i + 1 != total) continue;
+            // A call shared by the prefix's end and the question counts as the question's.
+            if (!in_prefix && !question_started) {
+                question_started = true;
+                prefix_seconds = seconds_since(start);
+            }
+            decode_or_throw(batch, in_prefix ? "the prefix" : "the prefix and a question");
+            ++stats.decode_calls;
+            // Read before the next decode overwrites the output buffer.
+            for (const auto& [pos, idx] : wants) {
+                const float* row = llama_get_logits_ith(ctx_.get(), idx);
+                if (row == nullptr) {
+                    throw LlamaError(kStateFailed, fused ? "missing logits for a suffix"
+                                                         : "no logits after the prefix");
+                }
+                if (fused) {
+                    on_question(pos - prefix.size(), row);
+                } else {
+                    prefix_logits_.assign(row, row + n_vocab_);
+                }
+            }
+            wants.clear();
+            batch.clear();
         }
-        decode_or_throw(batch, in_prefix ? "the prefix" : "the prefix and a question");
-        ++stats.decode_calls;
-        batch.clear();
+    } catch (...) {
+        forget_all();  // a question's cells may be in sequence 0: claim nothing
+        throw;
     }
     stats.prefix_reused = 0;
-    const float* row = llama_get_logits_ith(ctx_.get(), last_row);
-    if (row == nullptr) {
-        forget_all();
-        throw LlamaError(kStateFailed, fused ? "missing logits for a suffix"
-                                             : "no logits after the prefix");
-    }
+    seq0_ = prefix;
     if (!fused) {
-        // Copied at once: the next decode overwrites the output buffer.
-        prefix_logits_.assign(row, row + n_vocab_);
-        seq0_ = prefix;
         stats.prefill_seconds += seconds_since(start);
         return false;
     }
-    try {
-        on_question(row);
-    } catch (...) {
-        forget_all();  // the question's cells are in sequence 0: claim nothing
-        throw;
-    }
-    seq0_ = prefix;  // the question's cells stay on sequence 0 after it: the caller removes them
+    // The question's cells stay on sequence 0 after the prefix's: the caller removes them.
     stats.prefill_seconds += prefix_seconds;
     stats.suffix_seconds += seconds_since(start) - prefix_seconds;
     stats.suffix_tokens += static_cast<int32_t>(question->size());
@@ -448,7 +458,7 @@ void Engine::decode_branches(const std::vector<Branch>& branches, size_t prefix_
         if (br.seq != 0) llama_memory_seq_cp(mem, 0, br.seq, -1, -1);
         const auto& toks = *br.tokens;
         for (size_t t = 0; t < toks.size(); ++t) {
-            const bool want = br.all_logits || t + 1 == toks.size();
+            const bool want = t + br.n_out >= toks.size();
             const int32_t idx =
                 batch.add(toks[t], static_cast<llama_pos>(prefix_len + t), br.seq, want);
             if (want) wants.push_back({b, t, idx});
@@ -474,26 +484,52 @@ void Engine::read_row(const float* row, const std::vector<llama_token>& ids, flo
 
 ScoreResult Engine::score(const std::vector<llama_token>& prefix,
                           const std::vector<std::vector<llama_token>>& suffixes,
-                          const std::vector<llama_token>& ids, ScoreMode mode) {
+                          const std::vector<llama_token>& ids, ScoreMode mode,
+                          const std::vector<int32_t>& outputs) {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (prefix.empty()) throw LlamaError(kBadArgument, "prefix must hold at least one token");
     if (ids.empty()) throw LlamaError(kBadArgument, "ids must not be empty");
+    if (!outputs.empty() && outputs.size() != suffixes.size()) {
+        throw LlamaError(kBadArgument, "outputs must hold one count per suffix");
+    }
     check_token_ids(prefix, "prefix");
     check_token_ids(ids, "ids");
     size_t longest = 0;
-    for (const auto& s : suffixes) {
+    bool any_empty = false;
+    std::vector<size_t> n_out(suffixes.size(), 1);
+    std::vector<size_t> offset(suffixes.size(), 0);
+    size_t n_rows = 0;
+    for (size_t i = 0; i < suffixes.size(); ++i) {
+        const auto& s = suffixes[i];
         check_token_ids(s, "suffix");
         longest = std::max(longest, s.size());
+        any_empty = any_empty || s.empty();
+        if (!outputs.empty()) {
+            // An empty suffix reads the prefix's last row: one row.
+            const size_t most = std::max<size_t>(1, s.size());
+            if (outputs[i] < 1 || static_cast<size_t>(outputs[i]) > most) {
+                throw LlamaError(kBadArgument, "outputs[" + std::to_string(i) +
+                                                   "] must be between 1 and the suffix's length");
+            }
+            n_out[i] = static_cast<size_t>(outputs[i]);
+        }
+        offset[i] = n_rows;
+        n_rows += n_out[i];
+    }
+    if (prefix.empty() && (mode != ScoreMode::kRestore || any_empty || suffixes.empty())) {
+        throw LlamaError(kBadArgument, "prefix must hold at least one token");
     }
     check_fits(prefix.size(), longest, longest > 0 ? 1 : 0);
 
     ScoreResult result;
-    result.n_rows = static_cast<int32_t>(suffixes.size());
+    result.n_rows = static_cast<int32_t>(n_rows);
     result.n_ids = static_cast<int32_t>(ids.size());
-    result.logits.assign(suffixes.size() * ids.size(), 0.0f);
-    result.logsumexp.assign(suffixes.size(), 0.0);
-    auto sink = [&](size_t row_index, size_t, const float* row) {
-        read_row(row, ids, &result.logits[row_index * ids.size()], &result.logsumexp[row_index]);
+    result.logits.assign(n_rows * ids.size(), 0.0f);
+    result.logsumexp.assign(n_rows, 0.0);
+    // Suffix i's token t: its row among the suffix's last n_out[i] positions.
+    auto sink = [&](size_t i, size_t t, const float* row) {
+        const size_t len = std::max<size_t>(1, suffixes[i].size());
+        const size_t r = offset[i] + (t + n_out[i] - len);
+        read_row(row, ids, &result.logits[r * ids.size()], &result.logsumexp[r]);
     };
     std::vector<size_t> pending;
     for (size_t i = 0; i < suffixes.size(); ++i) {
@@ -504,10 +540,11 @@ ScoreResult Engine::score(const std::vector<llama_token>& prefix,
     size_t done = 0;
     if (mode == ScoreMode::kRestore && !pending.empty()) {
         const size_t first = pending.front();
-        auto one = [&](const float* row) { sink(first, suffixes[first].size() - 1, row); };
+        auto one = [&](size_t t, const float* row) { sink(first, t, row); };
         // The prefix's logits are read only for an empty suffix.
         const bool need_logits = pending.size() < suffixes.size();
-        if (ensure_prefix(prefix, result.stats, need_logits, &suffixes[first], one)) {
+        if (ensure_prefix(prefix, result.stats, need_logits, &suffixes[first], one,
+                          n_out[first])) {
             drop_suffix(prefix.size());
             done = 1;
         }
@@ -527,7 +564,8 @@ ScoreResult Engine::score(const std::vector<llama_token>& prefix,
             // its cells afterwards leaves the prefix as it was (its cells are never written)
             // and frees the same cells for the next question, which then sits exactly where
             // the first did. No copy of the state is made.
-            decode_branches({Branch{0, &suffixes[i], false}}, prefix.size(), one, result.stats);
+            decode_branches({Branch{0, &suffixes[i], n_out[i]}}, prefix.size(), one,
+                            result.stats);
             drop_suffix(prefix.size());
         }
         return result;
@@ -542,7 +580,8 @@ ScoreResult Engine::score(const std::vector<llama_token>& prefix,
         while (next < pending.size() && group.size() < static_cast<size_t>(n_seq_ - 2)) {
             const auto& s = suffixes[pending[next]];
             if (!group.empty() && cells + s.size() + cell_align_ > free_cells) break;
-            group.push_back(Branch{static_cast<llama_seq_id>(group.size() + 1), &s, false});
+            group.push_back(
+                Branch{static_cast<llama_seq_id>(group.size() + 1), &s, n_out[pending[next]]});
             rows.push_back(pending[next]);
             cells += s.size() + cell_align_;
             ++next;
@@ -653,7 +692,8 @@ TreeResult Engine::score_tree(const std::vector<llama_token>& prefix,
         read_row(row, tree.root_ids, result.root_logits.data(), &result.root_logsumexp);
     };
     // The root (the suffix's last token) may share the prefix's ubatches, as in score().
-    const bool rooted = !suffix.empty() && ensure_prefix(prefix, result.stats, false, &suffix, root);
+    const bool rooted = !suffix.empty() && ensure_prefix(
+        prefix, result.stats, false, &suffix, [&](size_t, const float* row) { root(row); });
     if (suffix.empty()) ensure_prefix(prefix, result.stats);
     llama_memory_t mem = llama_get_memory(ctx_.get());
     const llama_pos base = static_cast<llama_pos>(prefix.size() + suffix.size());
@@ -674,7 +714,7 @@ TreeResult Engine::score_tree(const std::vector<llama_token>& prefix,
     if (suffix.empty()) {
         root(prefix_logits_.data());
     } else if (!rooted) {
-        decode_branches({Branch{0, &suffix, false}}, prefix.size(),
+        decode_branches({Branch{0, &suffix, 1}}, prefix.size(),
                         [&](size_t, size_t, const float* row) { root(row); }, result.stats);
     }
     if (n == 0) return result;
@@ -772,7 +812,7 @@ ContinuationResult Engine::score_continuations(
         while (next < conts.size() && branches.size() < static_cast<size_t>(n_seq_ - 2)) {
             if (!heads[next].empty()) {
                 branches.push_back(Branch{static_cast<llama_seq_id>(branches.size() + 1),
-                                          &heads[next], true});
+                                          &heads[next], heads[next].size()});
                 owners.push_back(next);
             }
             ++next;

@@ -149,9 +149,14 @@ public:
     std::string detokenize(const std::vector<llama_token>& tokens, bool special) const;
     std::string token_piece(llama_token token, bool special) const;
 
+    // Logits of `ids` after prefix + each suffix: at its last position, or at its last
+    // outputs[i] positions (rows in order, suffix after suffix; empty `outputs`: one each).
+    // In restore mode the prefix may be empty when no suffix is: each suffix is then a
+    // one-piece evaluation of its own.
     ScoreResult score(const std::vector<llama_token>& prefix,
                       const std::vector<std::vector<llama_token>>& suffixes,
-                      const std::vector<llama_token>& ids, ScoreMode mode);
+                      const std::vector<llama_token>& ids, ScoreMode mode,
+                      const std::vector<int32_t>& outputs = {});
     // prefix + suffix evaluated as score() does in restore mode (the suffix on sequence 0, so
     // the root row equals a one-piece evaluation of the prompt), then every node of the tree
     // in shared batches: a node's token belongs to the branch sequence of each tree leaf below
@@ -205,7 +210,7 @@ private:
     struct Branch {
         llama_seq_id seq;
         const std::vector<llama_token>* tokens;
-        bool all_logits;  // logits at every position (continuations) or only the last one
+        size_t n_out;  // rows read: at the last n_out positions (1: the last one only)
     };
     using LogitsSink = std::function<void(size_t branch, size_t token_index, const float* row)>;
 
@@ -215,13 +220,15 @@ private:
     void check_abort();
     void check_token_ids(const std::vector<llama_token>& tokens, const char* what) const;
     void check_fits(size_t prefix, size_t suffix, size_t n_branches) const;
-    using RowSink = std::function<void(const float* row)>;
+    // (token index in the question, its row)
+    using RowSink = std::function<void(size_t token_index, const float* row)>;
     // The prefix in sequence 0, evaluated unless held (`need_logits`: with its own logits).
     // With a question, may evaluate it in the prefix's ubatches (see there): then returns true,
-    // the question's row went to on_question and its cells follow the prefix's in sequence 0.
+    // the rows at the question's last `question_rows` positions went to on_question and its
+    // cells follow the prefix's in sequence 0.
     bool ensure_prefix(const std::vector<llama_token>& prefix, ScoreStats& stats,
                        bool need_logits = true, const std::vector<llama_token>* question = nullptr,
-                       const RowSink& on_question = nullptr);
+                       const RowSink& on_question = nullptr, size_t question_rows = 1);
     void decode_or_throw(const Batch& batch, const char* what);
     void decode_branches(const std::vector<Branch>& branches, size_t prefix_len,
                          const LogitsSink& sink, ScoreStats& stats);

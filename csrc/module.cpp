@@ -186,9 +186,10 @@ PYBIND11_MODULE(_engine, m) {
              }, py::arg("token"), py::arg("special") = true)
         .def("score",
              [](Engine& e, const Tokens& prefix, const std::vector<Tokens>& suffixes,
-                const Tokens& ids, const std::string& mode) {
+                const Tokens& ids, const std::string& mode, const std::vector<int32_t>& outputs) {
                  const auto parsed = parse_mode(mode);
-                 auto r = unlocked([&] { return e.score(prefix, suffixes, ids, parsed); });
+                 auto r =
+                     unlocked([&] { return e.score(prefix, suffixes, ids, parsed, outputs); });
                  py::array_t<float> logits({r.n_rows, r.n_ids});
                  std::copy(r.logits.begin(), r.logits.end(), logits.mutable_data());
                  py::array_t<double> lse(r.n_rows);
@@ -196,8 +197,11 @@ PYBIND11_MODULE(_engine, m) {
                  return py::make_tuple(logits, lse, stats_dict(r.stats));
              },
              py::arg("prefix"), py::arg("suffixes"), py::arg("ids"), py::arg("mode") = "copy",
-             "Logits of `ids` at the last position of prefix + each suffix, the full-vocabulary "
-             "logsumexp there, and timing stats.")
+             py::arg("outputs") = std::vector<int32_t>{},
+             "Logits of `ids` at the last position of prefix + each suffix (or at its last "
+             "outputs[i] positions: rows in order, suffix after suffix), the full-vocabulary "
+             "logsumexp there, and timing stats. In restore mode the prefix may be empty when "
+             "no suffix is: each suffix is then evaluated in one piece.")
         .def("score_tree",
              [](Engine& e, const Tokens& prefix, const Tokens& suffix, const Tokens& tokens,
                 const std::vector<int32_t>& parent, const std::vector<Tokens>& ids,

@@ -219,6 +219,28 @@ def test_runner_writes_rows_and_summary_and_resumes(tmp_path: Path, model_path: 
     assert readouts.main(argv) == 2  # rows of another model: refused, untouched
     assert len(rows_file.read_text().splitlines()) == len(before.splitlines())
 
+    # The continuation readout's version changed since its rows were asked: those rows are
+    # dropped and asked again, the letters rows stay as they were.
+    header = json.loads(before.splitlines()[0])
+    header["fingerprint"]["prompt_versions"]["continuation"] = "semif-continuation-v0"
+    body = before.splitlines(True)[1:]
+    stale = [
+        json.dumps({**json.loads(x), "prompt_version": "semif-continuation-v0"}) + "\n"
+        if json.loads(x)["config"] == "continuation-mean"
+        else x
+        for x in body
+    ]
+    rows_file.write_text(json.dumps(header) + "\n" + "".join(stale))
+    assert readouts.main(argv) == 0
+    redone = [json.loads(x) for x in rows_file.read_text().splitlines()]
+    assert redone[0] == json.loads(before.splitlines()[0])  # the current versions
+    letters = {(r["config"], r["id"]): r for r in map(json.loads, body)}  # a later line wins
+    assert {(r["config"], r["id"]): r for r in redone[1:] if r["config"] == "letters"} == {
+        k: r for k, r in letters.items() if k[0] == "letters"
+    }
+    cont = [r for r in redone[1:] if r["config"] == "continuation-mean"]
+    assert len(cont) == 3 and {r["prompt_version"] for r in cont} == {"semif-continuation-v2"}
+
     # One family, deliberate: its row keeps what the model wrote (tokens and their seconds).
     rows_file.write_text(before)
     at = argv.index("--configs")
@@ -272,8 +294,8 @@ def test_usage_errors_exit_2(tmp_path: Path) -> None:
         assert exc.value.code == 2
 
 
-def test_rows_of_a_readout_added_since_stay_and_a_changed_prompt_does_not() -> None:
-    from bench.readouts_rows import compatible
+def test_rows_of_a_readout_added_since_stay_and_a_changed_version_is_asked_again() -> None:
+    from bench.readouts_rows import superseded
 
     wanted = {
         "format": 1,
@@ -282,11 +304,11 @@ def test_rows_of_a_readout_added_since_stay_and_a_changed_prompt_does_not() -> N
         "prompt_versions": {"letters": "semif-letter-v1", "deliberate": "semif-deliberate-v1"},
     }
     older = {**wanted, "prompt_versions": {"letters": "semif-letter-v1"}}
-    assert compatible(older, wanted)  # written before `deliberate` existed
-    changed = {**wanted, "prompt_versions": {"letters": "semif-letter-v2"}}
-    assert not compatible(changed, wanted)
-    assert not compatible({**older, "model_sha256": "b" * 64}, wanted)
-    assert not compatible({**older, "format": 2}, wanted)
+    assert superseded(older, wanted) == set()  # written before `deliberate` existed
+    changed = {**wanted, "prompt_versions": {"letters": "semif-letter-v0"}}
+    assert superseded(changed, wanted) == {"semif-letter-v0"}
+    assert superseded({**older, "model_sha256": "b" * 64}, wanted) is None
+    assert superseded({**older, "format": 2}, wanted) is None
 
 
 def test_every_task_is_timed_from_a_cold_state(decision_engine) -> None:

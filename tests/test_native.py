@@ -244,6 +244,71 @@ def test_prefix_state_save_and_restore(engine: native.Engine) -> None:
         engine.set_prefix_state(state, prefix, logits[:10])
 
 
+@pytest.mark.parametrize(("model", "n_ubatch"), [("smollm2", 37), ("tiny", 64)])
+def test_rows_at_a_suffix_s_last_positions(
+    request: pytest.FixtureRequest, model: str, n_ubatch: int
+) -> None:
+    """score(..., outputs=[n]) reads the rows at a suffix's last n positions (a continuation's
+    tokens): after a held or fused prefix, restored or copied, they equal the prompt evaluated
+    whole with those rows read (an empty prefix in restore mode: one stream of ubatches),
+    bit for bit on the CPU; each row is its position's (against that position evaluated as
+    the last one, which differs only in the last bits); bad counts are refused."""
+    path = request.getfixturevalue("model_path" if model == "smollm2" else "tiny_model")
+    engine = native.Engine(
+        str(path), n_ctx=2048, n_threads=2, n_gpu_layers=GPU_LAYERS, n_ubatch=n_ubatch
+    )
+    full = engine.tokenize(LONG * 2, add_special=True)
+    n = 9
+    cut = (len(full) - 20) // engine.cell_align * engine.cell_align
+    assert cut > 0 and len(full) - cut > n
+    prefix, first, second = full[:cut], full[cut:], full[cut : cut + 5]
+    ids = sorted(set(full))
+    whole, whole_lse, stats = engine.score([], [full], ids, "restore", [n])
+    assert whole.shape == (n, len(ids)) and stats["decode_calls"] == -(-len(full) // n_ubatch)
+    short, short_lse, _ = engine.score([], [full[: cut + 5]], ids, "restore", [2])
+    tol = 0 if GPU_LAYERS == 0 else 1e-3
+    engine.reset()
+    for held in (False, True):  # the first suffix fused with the prefix's ubatches, then held
+        rows, lse, stats = engine.score(prefix, [first, second], ids, "restore", [n, 2])
+        assert stats["prefix_reused"] == (len(prefix) if held else 0)
+        assert rows.shape == (n + 2, len(ids))
+        np.testing.assert_allclose(rows[:n], whole, atol=tol, rtol=0)
+        np.testing.assert_allclose(lse[:n], whole_lse, atol=tol, rtol=0)
+        np.testing.assert_allclose(rows[n:], short, atol=tol, rtol=0)
+        np.testing.assert_allclose(lse[n:], short_lse, atol=tol, rtol=0)
+    copied, copied_lse, _ = engine.score(prefix, [second, first], ids, "copy", [2, n])
+    np.testing.assert_allclose(copied_lse[2:], whole_lse, atol=tol, rtol=0)
+    np.testing.assert_allclose(copied[2:], whole, atol=tol, rtol=0)
+    np.testing.assert_allclose(copied[:2], short, atol=tol, rtol=0)
+    # Each row is its own position's: that prompt's end read alone (one output row, not n).
+    for k in range(n):
+        engine.reset()
+        alone, alone_lse, _ = engine.score(full[: len(full) - n + k + 1], [[]], ids)
+        np.testing.assert_allclose(whole[k], alone[0], atol=1e-3, rtol=0)
+        assert abs(whole_lse[k] - alone_lse[0]) < 1e-3
+    assert not np.allclose(whole[0], whole[1], atol=1e-2)
+    # One row per suffix, as without outputs; an empty suffix reads the prefix's row.
+    rows, _, _ = engine.score(prefix, [[], first], ids, "restore", [1, 1])
+    plain, _, _ = engine.score(prefix, [[], first], ids, "restore")
+    np.testing.assert_array_equal(rows, plain)
+    bad = [
+        (prefix, [first], [0], "between 1 and"),
+        (prefix, [first], [len(first) + 1], "between 1 and"),
+        (prefix, [[]], [2], "between 1 and"),
+        (prefix, [first, second], [1], "one count per suffix"),
+        ([], [[], first], [], "prefix must hold"),
+    ]
+    for p, suffixes, outputs, words in bad:
+        with pytest.raises(native.LlamaError, match=words) as err:
+            engine.score(p, suffixes, ids, "restore", outputs)
+        assert err.value.code == native.ERR_BAD_ARGUMENT
+    with pytest.raises(native.LlamaError, match="prefix must hold"):
+        engine.score([], [first], ids, "copy", [n])
+    # Still exact after the refusals.
+    again, _, _ = engine.score(prefix, [first], ids, "restore", [n])
+    np.testing.assert_allclose(again, whole, atol=tol, rtol=0)
+
+
 def test_continuations_sum_token_logprobs(engine: native.Engine) -> None:
     prefix = engine.tokenize(PROMPT, add_special=True)
     conts = [engine.tokenize("Yes, it is."), engine.tokenize("No")]

@@ -1,8 +1,8 @@
 """Readouts other than letters (issue #35) on the real SmolLM2 model: continuation (sum, mean,
 pmi), direct yes/no and score levels, contextual bias correction; each against a reference
 computed here from the raw native engine (one-piece evaluations, every vocabulary logit read
-out), not from the readout code. Options are kept to a token or two: every continuation token
-is one context evaluated on its own."""
+out), not from the readout code. A continuation's reference is prompt + option evaluated whole
+with the rows at the option's positions read."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from semif_proxy.engine.readout_prompts import CONTINUATION_PROMPT, render
 from semif_proxy.engine.worker import DecisionEngine
 from semif_proxy.errors import InvalidRequest, SchemaError
 from tests.conftest import GPU_LAYERS
-from tests.helpers.one_piece import one_piece
+from tests.helpers.one_piece import one_piece, one_piece_rows
 
 TOL = 0 if GPU_LAYERS == 0 else 1e-3  # GPU kernels are not bit-exact
 STATE = "Customer email: the password reset email never arrives and I cannot log in."
@@ -40,34 +40,53 @@ def log_softmax(row: np.ndarray) -> np.ndarray:
 def continuation_reference(
     engine: DecisionEngine, prompt: str, text: str
 ) -> tuple[float, float, int]:
-    """An option's summed log-probability as the answer: the engine's own logit and logsumexp at
-    each position summed in order (what the readout must equal bit for bit), the same from a
-    numpy log-softmax, and its token count."""
+    """An option's summed log-probability as the answer: prompt + option (its last token left
+    off) evaluated whole, the engine's own logit and logsumexp at each of the option's
+    positions summed in order (what the readout must equal bit for bit), the same from a numpy
+    log-softmax, and its token count."""
     base = engine.tokenize_prompt(prompt)
     joined = engine.tokenize_prompt(prompt + text)
     assert joined[: len(base)] == base
+    n = len(joined) - len(base)
+    rows, lses = one_piece_rows(engine, joined[:-1], n)
     exact, numpy_sum = 0.0, 0.0
-    for k in range(len(base), len(joined)):
-        row, lse = one_piece(engine, joined[:k])
-        exact += float(np.float32(row[joined[k]])) - lse
-        numpy_sum += float(log_softmax(row)[joined[k]])
-    return exact, numpy_sum, len(joined) - len(base)
+    for k in range(n):
+        token = joined[len(base) + k]
+        exact += float(np.float32(rows[k][token])) - lses[k]
+        numpy_sum += float(log_softmax(rows[k])[token])
+    return exact, numpy_sum, n
 
 
-@pytest.mark.parametrize("state", [STATE, "Order 1182: " + "the parcel is late. " * 6])
+# Options of a token or two, and options of many tokens that begin alike (each option's rows
+# come from its own evaluation).
+LONG = [
+    ("billing", "the billing team, for invoices and refunds"),
+    ("access", "the account team, for log-in and password problems"),
+    ("access2", "the account team, for closing an account"),
+]
+
+
+@pytest.mark.parametrize(
+    ("state", "options"),
+    [
+        (STATE, OPTIONS),
+        ("Order 1182: " + "the parcel is late. " * 6, OPTIONS),
+        (STATE, LONG),
+    ],
+)
 def test_continuation_equals_its_one_piece_evaluation(
-    decision_engine: DecisionEngine, state: str
+    decision_engine: DecisionEngine, state: str, options: list
 ) -> None:
     asked = [
-        decision("sum", state, readout="continuation", normalization="sum"),
-        decision("mean", state, readout="continuation").model_copy(
+        decision("sum", state, options, readout="continuation", normalization="sum"),
+        decision("mean", state, options, readout="continuation").model_copy(
             update={"question": "Which team should take it?"}
         ),
-        decision("pmi", state, readout="continuation", normalization="pmi"),
+        decision("pmi", state, options, readout="continuation", normalization="pmi"),
         # pmi has taken the content-free answer off already: a contextual correction on top
         # leaves it as it is (what lets the benchmark reuse pmi's rows for it).
         decision(
-            "pmi+contextual", state, readout="continuation", normalization="pmi",
+            "pmi+contextual", state, options, readout="continuation", normalization="pmi",
             bias_correction="contextual",
         ),
     ]  # fmt: skip
@@ -82,10 +101,10 @@ def test_continuation_equals_its_one_piece_evaluation(
         CONTINUATION_PROMPT,
         "N/A",
         "Which queue?",
-        [d for _, d in OPTIONS],
+        [d for _, d in options],
     ).text
-    refs = [continuation_reference(decision_engine, prompt, d) for _, d in OPTIONS]
-    free_refs = [continuation_reference(decision_engine, free, d) for _, d in OPTIONS]
+    refs = [continuation_reference(decision_engine, prompt, d) for _, d in options]
+    free_refs = [continuation_reference(decision_engine, free, d) for _, d in options]
     sums = np.asarray([r[0] for r in refs])
     np.testing.assert_allclose(by_id["sum"]["option_logits"], sums, atol=TOL, rtol=0)
     np.testing.assert_allclose(
@@ -93,7 +112,7 @@ def test_continuation_equals_its_one_piece_evaluation(
     )
     # Another question on the same state: its own prompt, its own contexts.
     other = [
-        continuation_reference(decision_engine, by_id["mean"]["prompt"], d) for _, d in OPTIONS
+        continuation_reference(decision_engine, by_id["mean"]["prompt"], d) for _, d in options
     ]
     means = np.asarray([r[0] / r[2] for r in other])
     np.testing.assert_allclose(by_id["mean"]["option_logits"], means, atol=TOL, rtol=0)
@@ -103,7 +122,7 @@ def test_continuation_equals_its_one_piece_evaluation(
     assert corrected["probabilities"] == by_id["pmi"]["probabilities"]
     for r in results:
         assert r["readout"] == "continuation-logprobs"
-        assert r["prompt_version"] == "semif-continuation-v1"
+        assert r["prompt_version"] == "semif-continuation-v2"
         assert r["normalization"] == r["id"]
         assert sum(r["probabilities"]) == pytest.approx(1.0, abs=1e-12)
         logits = np.asarray(r["option_logits"])

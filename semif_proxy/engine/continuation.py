@@ -2,12 +2,13 @@
 the answer after the prompt.
 
 An option's log-probability is the sum, over its tokens, of each token's log-probability after
-the prompt and the option's tokens before it. Each of those next-token distributions is read
-at the last position of its own context (prompt + the option's first k tokens), which the
-engine evaluates as it evaluates a lettered prompt: after the shared state, on sequence 0, so
-its numbers are those of that context evaluated in one piece (the exactness guarantee; a
-context's one output row, as llama-server computes it). Options that begin alike share their
-contexts. Pure: no engine.
+the prompt and the option's tokens before it. The engine evaluates prompt + option (its last
+token left off: nothing reads what follows it) as it evaluates a lettered prompt, after the
+shared state on sequence 0, and reads the rows at the option's positions: the prompt's last
+one predicts the option's first token, the option's k-th its (k+1)-th. Its numbers are those
+of prompt + option evaluated in one piece with those rows read (the exactness guarantee;
+language-model evaluation suites score a continuation this way). One branch per option: its
+cost is the option's tokens, not one evaluation per token. Pure: no engine.
 """
 
 from __future__ import annotations
@@ -22,23 +23,29 @@ Tokens = tuple[int, ...]
 
 @dataclass(frozen=True)
 class ContinuationRead:
-    """One question's continuations: the contexts to read (each the option tokens after the
-    prompt, cont[:k]) and, per option, its (context index, token) steps."""
+    """One question's continuations: per option, its answer tokens. Option i is evaluated as
+    the prompt's tail + conts[i][:-1] with rows at its last len(conts[i]) positions."""
 
     conts: tuple[Tokens, ...]
-    contexts: tuple[Tokens, ...]
-    steps: tuple[tuple[tuple[int, int], ...], ...]
 
     @property
     def targets(self) -> list[int]:
-        return sorted({t for steps in self.steps for _, t in steps})
+        return sorted({t for cont in self.conts for t in cont})
+
+    def heads(self) -> list[list[int]]:
+        """What each option adds to the prompt: its tokens but the last."""
+        return [list(c[:-1]) for c in self.conts]
+
+    def rows(self) -> list[int]:
+        """Rows read per option: one per token."""
+        return [len(c) for c in self.conts]
 
     def extra_tokens(self) -> int:
-        """Tokens the contexts add after the prompt (each context evaluated on its own)."""
-        return sum(len(c) for c in self.contexts)
+        """Tokens the options add after the prompt (each option evaluated on its own)."""
+        return sum(len(c) - 1 for c in self.conts)
 
     def longest(self) -> int:
-        return max(len(c) for c in self.contexts)
+        return max(len(c) for c in self.conts)
 
 
 def answer_tokens(
@@ -58,29 +65,21 @@ def answer_tokens(
 
 
 def plan(conts: Sequence[Tokens]) -> ContinuationRead:
-    index: dict[Tokens, int] = {}
-    steps = []
-    for cont in conts:
-        own = []
-        for k, token in enumerate(cont):
-            context = cont[:k]
-            if context not in index:
-                index[context] = len(index)
-            own.append((index[context], int(token)))
-        steps.append(tuple(own))
-    return ContinuationRead(tuple(conts), tuple(index), tuple(steps))
+    if any(not c for c in conts):
+        raise ValueError("a continuation must hold a token")
+    return ContinuationRead(tuple(tuple(int(t) for t in c) for c in conts))
 
 
 def sum_logprobs(
-    read: ContinuationRead, rows: Sequence[tuple[dict[int, float], float]]
+    read: ContinuationRead, rows: Sequence[Sequence[tuple[dict[int, float], float]]]
 ) -> np.ndarray:
-    """Each option's summed log-probability from its contexts' rows (per context: the logits
-    read, by token, and the full-vocabulary logsumexp there)."""
+    """Each option's summed log-probability from its rows (per option, one per token: the
+    logits read, by token, and the full-vocabulary logsumexp at the position before it)."""
     out = np.zeros(len(read.conts))
-    for i, steps in enumerate(read.steps):
+    for i, (cont, own) in enumerate(zip(read.conts, rows)):
+        assert len(own) == len(cont), (len(own), len(cont))
         total = 0.0
-        for context, token in steps:
-            logits, logsumexp = rows[context]
+        for token, (logits, logsumexp) in zip(cont, own):
             total += float(logits[token]) - logsumexp
         out[i] = total
     return out

@@ -1,7 +1,10 @@
 """The prompts of the readouts other than letters (issue #35). Pure: no HTTP, no engine.
 
-- continuation (`semif-continuation-v1`): the options listed as plain texts; the answer is
-  one option's text, which is what gets scored.
+- continuation (`semif-continuation-v2`): the options listed as plain texts; the answer is
+  one option's text, which is what gets scored. A version names how the numbers are made, the
+  prompt and its reading: v2 is v1's prompt with each option read as one evaluation of
+  prompt + option (continuation.py), not one per token, which moves its numbers in the last
+  bits (docs/method.md), so what was fitted on v1 answers is refit.
 - direct yes/no (`semif-direct-yesno-v1`): the question asked for yes or no; the model's own
   "yes" / "no" tokens are read.
 - direct levels (`semif-direct-levels-v1`): the levels listed with their numbers; the model's
@@ -29,7 +32,7 @@ from semif_proxy.engine.prompt import (
     render_messages,
 )
 
-CONTINUATION_VERSION = "semif-continuation-v1"
+CONTINUATION_VERSION = "semif-continuation-v2"
 YES_NO_VERSION = "semif-direct-yesno-v1"
 LEVELS_VERSION = "semif-direct-levels-v1"
 DELIBERATE_VERSION = "semif-deliberate-v1"

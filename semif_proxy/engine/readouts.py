@@ -2,8 +2,8 @@
 same proven, aligned prefix split as letters (scoring.py), the same restore-mode branches on
 sequence 0, other tokens read.
 
-- continuation: every context of every option (continuation.py) is a branch after the state;
-  each token's log-probability is read at its context's last position.
+- continuation: every option (continuation.py) is a branch after the state, read at each of
+  its positions: each token's log-probability at the position before it.
 - direct: one branch per question, as a lettered question; the rows are read for the answer
   words' single-token spellings (direct.py) instead of letters.
 - deliberate: its own module (deliberate.py), dispatched from here.
@@ -147,10 +147,10 @@ class ReadoutScoring:
         fulls: list[list[int]],
         head: str,
     ) -> GroupPlan:
-        """As letters (scoring.py), and per continuation question the prefix its contexts go
+        """As letters (scoring.py), and per continuation question the prefix its options go
         after: the shared state, or its own prompt's aligned head where that costs fewer
-        tokens (a context is the prompt's tokens after the prefix plus the option's first k:
-        after the state each context repeats the criterion and the option list)."""
+        tokens (an option is evaluated as the prompt's tokens after the prefix plus its own:
+        after the state each option repeats the criterion and the option list)."""
         state_tokens = self.tokenize_prompt(head)
         prefix, boundary = self.split(state_tokens, fulls)
         reads: list[Read] = []
@@ -168,7 +168,7 @@ class ReadoutScoring:
             ]
             read = continuation.plan(conts)
             self._check_answer_tokens(q, len(f) + read.longest())
-            n = len(read.contexts)
+            n = len(read.conts)
             own = prefix_split.aligned_length(len(f) - 1, self.core.cell_align)
             after_state = n * (len(f) - len(prefix))
             after_own = own + n * (len(f) - own)
@@ -184,35 +184,43 @@ class ReadoutScoring:
 
     def _evaluate_readout_group(self, plan: GroupPlan) -> tuple[list[Scored], dict[str, Any]]:
         assert plan.reads is not None
-        # Every context, by the prefix it goes after: -1 the shared state's (with no proven
-        # split: each context whole, in one piece), i question i's own prompt head.
-        calls: dict[int, list[tuple[int, list[int]]]] = {}
+        # Every evaluation, by the prefix it goes after: -1 the shared state's (with no proven
+        # split: each one whole, in one piece), i question i's own prompt head. Each is
+        # (question, suffix, rows read at its last positions).
+        calls: dict[int, list[tuple[int, list[int], int]]] = {}
         for i, (f, read) in enumerate(zip(plan.fulls, plan.reads)):
             own = f[read.start :]
             if isinstance(read.what, ContinuationRead):
-                wanted = [[*own, *c] for c in read.what.contexts]
+                wanted = [
+                    ([*own, *h], n) for h, n in zip(read.what.heads(), read.what.rows())
+                ]  # fmt: skip
             else:
-                wanted = [list(own)]
+                wanted = [(list(own), 1)]
             calls.setdefault(i if read.start != len(plan.prefix) else -1, []).extend(
-                (i, c) for c in wanted
+                (i, suffix, n) for suffix, n in wanted
             )
-        rows: list[list[tuple[dict[int, float], float]]] = [[] for _ in plan.questions]
+        # Per question, per evaluation: its rows (the logits read, by token, and the logsumexp).
+        rows: list[list[list[tuple[dict[int, float], float]]]] = [[] for _ in plan.questions]
         totals = {"prefill_seconds": 0.0, "suffix_seconds": 0.0, "suffix_tokens": 0}
         shared_stats: dict[str, Any] = {}
         for key, branches in calls.items():
-            ids = sorted({t for i, _ in branches for t in plan.reads[i].ids()})
+            ids = sorted({t for i, _, _ in branches for t in plan.reads[i].ids()})
+            suffixes = [s for _, s, _ in branches]
+            outputs = [n for _, _, n in branches]
             if key == -1 and not plan.prefix:
-                for i, context in branches:  # no proven split: each context whole
-                    logits, lse, stats = self.core.score(context, [[]], ids)
-                    rows[i].append((dict(zip(ids, logits[0])), float(lse[0])))
-                    totals["prefill_seconds"] += stats["prefill_seconds"] + stats["suffix_seconds"]
-                continue
-            head = plan.prefix if key == -1 else plan.fulls[key][: plan.reads[key].start]
-            contexts = [c for _, c in branches]
-
-            (logits, lse), stats = self._cached(head, partial(self._score_ids, head, contexts, ids))
-            for (i, _), row, value in zip(branches, logits, lse):
-                rows[i].append((dict(zip(ids, row)), float(value)))
+                # No proven split: each evaluation whole, from an empty state (restore mode
+                # evaluates a suffix after an empty prefix in one piece).
+                logits, lse, stats = self.core.score([], suffixes, ids, "restore", outputs)
+            else:
+                head = plan.prefix if key == -1 else plan.fulls[key][: plan.reads[key].start]
+                call = partial(self._score_ids, head, suffixes, ids, outputs)
+                (logits, lse), stats = self._cached(head, call)
+            at = 0
+            for i, _, n in branches:
+                rows[i].append(
+                    [(dict(zip(ids, logits[at + k])), float(lse[at + k])) for k in range(n)]
+                )
+                at += n
             for name in totals:
                 totals[name] += stats[name]
             if key == -1:
@@ -240,9 +248,9 @@ class ReadoutScoring:
         return scored, group_timing
 
     def _score_ids(
-        self, head: list[int], contexts: list[list[int]], ids: list[int]
+        self, head: list[int], suffixes: list[list[int]], ids: list[int], outputs: list[int]
     ) -> tuple[tuple[Any, Any], dict]:
-        logits, lse, stats = self.core.score(head, contexts, ids, self.branch_mode)
+        logits, lse, stats = self.core.score(head, suffixes, ids, self.branch_mode, outputs)
         return (logits, lse), stats
 
     def _scored(
@@ -251,7 +259,7 @@ class ReadoutScoring:
         r: RenderedPrompt,
         f: list[int],
         what: ContinuationRead | Words,
-        rows: list[tuple[dict[int, float], float]],
+        rows: list[list[tuple[dict[int, float], float]]],
     ) -> Scored:
         if isinstance(what, ContinuationRead):
             sums = continuation.sum_logprobs(what, rows)
@@ -259,7 +267,7 @@ class ReadoutScoring:
             mass = float(np.exp(np.logaddexp.reduce(sums)))
             name, version = CONTINUATION_READOUT, CONTINUATION_PROMPT.version
         else:
-            z = direct.word_logprobs(*rows[0], what)
+            z = direct.word_logprobs(*rows[0][0], what)
             mass = float(np.exp(np.logaddexp.reduce(z)))
             prompt = self.readout_prompt(q)
             name = DIRECT_YES_NO_READOUT if prompt is YES_NO_PROMPT else DIRECT_LEVELS_READOUT
@@ -279,7 +287,8 @@ class ReadoutScoring:
 @dataclass(frozen=True)
 class Read:
     """What a question reads (its continuations, or its answer words' tokens) and where its
-    contexts start: after that many of its prompt's tokens (the shared state's, or its own)."""
+    evaluations start: after that many of its prompt's tokens (the shared state's, or its
+    own)."""
 
     what: ContinuationRead | Words
     start: int
