@@ -3,8 +3,9 @@
 - continuation (`semif-continuation-v2`): the options listed as plain texts; the answer is
   one option's text, which is what gets scored. A version names how the numbers are made, the
   prompt and its reading: v2 is v1's prompt with each option read as one evaluation of
-  prompt + option (continuation.py), not one per token, which moves its numbers in the last
-  bits (docs/method.md), so what was fitted on v1 answers is refit.
+  prompt + option (continuation.py), not one per token, which moves its numbers (an option's
+  summed log-probability by up to 0.07 on the Qwen2.5-Coder models, docs/method.md), so what
+  was fitted on v1 answers is refit.
 - direct yes/no (`semif-direct-yesno-v1`): the question asked for yes or no; the model's own
   "yes" / "no" tokens are read.
 - direct levels (`semif-direct-levels-v1`): the levels listed with their numbers; the model's

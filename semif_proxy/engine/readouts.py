@@ -221,6 +221,10 @@ class ReadoutScoring:
                     [(dict(zip(ids, logits[at + k])), float(lse[at + k])) for k in range(n)]
                 )
                 at += n
+            if key == -1 and not plan.prefix:
+                # Whole prompts, as letters count them (scoring.py): prefill, no suffix.
+                totals["prefill_seconds"] += stats["prefill_seconds"] + stats["suffix_seconds"]
+                continue
             for name in totals:
                 totals[name] += stats[name]
             if key == -1:
