@@ -771,61 +771,6 @@ TreeResult Engine::score_tree(const std::vector<llama_token>& prefix,
     return result;
 }
 
-ContinuationResult Engine::score_continuations(
-    const std::vector<llama_token>& prefix, const std::vector<std::vector<llama_token>>& conts) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (prefix.empty()) throw LlamaError(kBadArgument, "prefix must hold at least one token");
-    check_token_ids(prefix, "prefix");
-    size_t total = 0;
-    for (const auto& c : conts) {
-        if (c.empty()) throw LlamaError(kBadArgument, "a continuation must hold a token");
-        check_token_ids(c, "continuation");
-        total += c.size();
-    }
-    check_fits(prefix.size(), total, std::min<size_t>(conts.size(), n_seq_ - 2));
-
-    ContinuationResult result;
-    result.logprob.assign(conts.size(), 0.0);
-    result.n_tokens.resize(conts.size());
-    ensure_prefix(prefix, result.stats);
-
-    auto log_softmax_at = [&](const float* row, llama_token target) {
-        float out;
-        double lse;
-        read_row(row, {target}, &out, &lse);
-        return static_cast<double>(out) - lse;
-    };
-    // Branch b decodes all but the last token of continuation b; the logits at its position t
-    // predict token t + 1.
-    std::vector<std::vector<llama_token>> heads(conts.size());
-    std::vector<Branch> branches;
-    std::vector<size_t> owners;
-    for (size_t i = 0; i < conts.size(); ++i) {
-        result.n_tokens[i] = static_cast<int32_t>(conts[i].size());
-        result.logprob[i] = log_softmax_at(prefix_logits_.data(), conts[i][0]);
-        heads[i].assign(conts[i].begin(), conts[i].end() - 1);
-    }
-    size_t next = 0;
-    while (next < conts.size()) {
-        branches.clear();
-        owners.clear();
-        while (next < conts.size() && branches.size() < static_cast<size_t>(n_seq_ - 2)) {
-            if (!heads[next].empty()) {
-                branches.push_back(Branch{static_cast<llama_seq_id>(branches.size() + 1),
-                                          &heads[next], heads[next].size()});
-                owners.push_back(next);
-            }
-            ++next;
-        }
-        auto sink = [&](size_t b, size_t t, const float* row) {
-            const size_t i = owners[b];
-            result.logprob[i] += log_softmax_at(row, conts[i][t + 1]);
-        };
-        if (!branches.empty()) decode_branches(branches, prefix.size(), sink, result.stats);
-    }
-    return result;
-}
-
 GenerateResult Engine::generate(const std::vector<llama_token>& prefix, int32_t max_tokens,
                                 const std::vector<llama_token>& stop_ids) {
     std::lock_guard<std::mutex> lock(mutex_);

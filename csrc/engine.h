@@ -116,12 +116,6 @@ struct GenerateResult {
     ScoreStats stats;       // prefill: the prefix; suffix: the generated tokens' decodes
 };
 
-struct ContinuationResult {
-    std::vector<double> logprob;  // summed log-probability per continuation
-    std::vector<int32_t> n_tokens;
-    ScoreStats stats;
-};
-
 // Branch suffixes start on KV cells that are multiples of this (see decode_branches): the
 // widest summation block of the CPU attention kernels in this build (8, 32 or 64).
 size_t attention_cell_align();
@@ -163,8 +157,6 @@ public:
     // it, so it attends to the prompt and its own ancestors only.
     TreeResult score_tree(const std::vector<llama_token>& prefix,
                           const std::vector<llama_token>& suffix, const TokenTree& tree);
-    ContinuationResult score_continuations(const std::vector<llama_token>& prefix,
-                                           const std::vector<std::vector<llama_token>>& conts);
 
     // Greedy generation after the prefix (the deliberate readout): the prefix evaluated on
     // sequence 0 with its last-position logits (reused when sequence 0 holds exactly it), then

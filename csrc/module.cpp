@@ -234,15 +234,6 @@ PYBIND11_MODULE(_engine, m) {
              "Greedy tokens after the prefix (argmax over the vocabulary), at most max_tokens, "
              "ended by an end-of-generation token or a stop id; the token that ended them (-1: "
              "the budget) and timing stats. Sequence 0 holds the prefix afterwards.")
-        .def("score_continuations",
-             [](Engine& e, const Tokens& prefix, const std::vector<Tokens>& conts) {
-                 auto r = unlocked([&] { return e.score_continuations(prefix, conts); });
-                 py::array_t<double> lp(static_cast<py::ssize_t>(r.logprob.size()));
-                 std::copy(r.logprob.begin(), r.logprob.end(), lp.mutable_data());
-                 return py::make_tuple(lp, r.n_tokens, stats_dict(r.stats));
-             },
-             py::arg("prefix"), py::arg("continuations"),
-             "Summed log-probability of each continuation after the prefix.")
         .def("get_prefix_state", [](Engine& e) {
                  // Written straight into a new bytes object: one copy, made without the GIL.
                  const size_t size = unlocked([&] { return e.prefix_state_size(); });

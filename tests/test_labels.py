@@ -30,6 +30,7 @@ from semif_proxy.settings import SettingsError, load_settings
 from semif_proxy.testing.server import ProxyProcess
 from tests.conftest import StartApp, engine_settings
 from tests.helpers.app_server import AppServer
+from tests.helpers.one_piece import continuation_logprobs
 
 STATE = "The ticket says: I cannot log in since the password reset email never arrived."
 
@@ -125,11 +126,9 @@ def test_numbered_labels_are_label_sequence_probabilities(tiny_engine: DecisionE
     assert scored.readout == SEQUENCE_READOUT and scored.prompt_version == "semif-number-v1"
     tree = tiny_engine.tree_for(n)
     assert tree.sequences[0][-1] == tiny_engine.numbers.end  # "1" then the end of the turn
-    # An independent path: each label's tokens decoded after the whole prompt, one by one.
+    # An independent path: the whole prompt and each label evaluated in one piece, no tree.
     full = tiny_engine.tokenize_prompt(scored.prompt)
-    tiny_engine.core.reset()
-    direct, _, _ = tiny_engine.core.score_continuations(full, [list(s) for s in tree.sequences])
-    tiny_engine.core.reset()
+    direct = continuation_logprobs(tiny_engine.core, full, [list(s) for s in tree.sequences])
     np.testing.assert_allclose(scored.option_logits, direct, atol=1e-3)
     total = float(np.exp(np.logaddexp.reduce(scored.option_logits)))
     assert total <= 1.0 and scored.allowed_token_mass == pytest.approx(total, rel=1e-9)

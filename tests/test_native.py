@@ -13,6 +13,7 @@ import pytest
 
 from semif_proxy.engine import native
 from tests.conftest import GPU_LAYERS
+from tests.helpers.one_piece import continuation_logprobs
 
 PROMPT = "<|im_start|>user\nIs the sky blue? Answer yes or no.<|im_end|>\n<|im_start|>assistant\n"
 
@@ -322,19 +323,6 @@ def test_rows_at_a_suffix_s_last_positions(
     np.testing.assert_allclose(again, whole, atol=tol, rtol=0)
 
 
-def test_continuations_sum_token_logprobs(engine: native.Engine) -> None:
-    prefix = engine.tokenize(PROMPT, add_special=True)
-    conts = [engine.tokenize("Yes, it is."), engine.tokenize("No")]
-    logprob, n_tokens, _ = engine.score_continuations(prefix, conts)
-    assert n_tokens == [len(c) for c in conts]
-    expected = 0.0
-    for i, token in enumerate(conts[0]):
-        row, lse, _ = engine.score(prefix + conts[0][:i], [[]], [token])
-        expected += float(row[0, 0]) - float(lse[0])
-    assert logprob[0] == pytest.approx(expected, abs=1e-3)
-    assert logprob[0] < 0 and logprob[1] < 0
-
-
 def test_logits_match_llama_server(engine: native.Engine, llama_server_url: str) -> None:
     import json
     import urllib.request
@@ -455,7 +443,7 @@ def test_bad_token_ids_are_rejected(engine: native.Engine) -> None:
 def test_label_tree_in_small_groups_and_small_batches(tiny_model: Path) -> None:
     """score_tree with 3 sequences (2 leaves per group: shared nodes decoded again) and batches
     of 8 tokens (a group split across decode calls) against each label decoded on its own
-    (score_continuations); a malformed tree is refused and leaves the engine exact."""
+    (one-piece evaluations); a malformed tree is refused and leaves the engine exact."""
     engine = native.Engine(str(tiny_model), n_ctx=512, n_threads=2, n_seq=3, n_batch=8)
     prompt = engine.tokenize("<|im_start|>assistant\nThe answer is ", add_special=True)
     prefix, suffix = prompt[:8], prompt[8:]
@@ -471,8 +459,7 @@ def test_label_tree_in_small_groups_and_small_batches(tiny_model: Path) -> None:
     )
     assert stats["suffix_tokens"] == len(suffix) + 4
     sequences = [[49, end], [49, 50, end], [49, 50, 51], [50, 51], [52, end], [49, 53], [52, 53]]
-    engine.reset()
-    direct, _, _ = engine.score_continuations(prompt, sequences)
+    direct = continuation_logprobs(engine, prompt, sequences)
 
     def lp(row: np.ndarray, lse: float, token: int, want: list[int]) -> float:
         return float(row[want.index(token)]) - lse

@@ -207,7 +207,8 @@ class ReadoutScoring:
             ids = sorted({t for i, _, _ in branches for t in plan.reads[i].ids()})
             suffixes = [s for _, s, _ in branches]
             outputs = [n for _, _, n in branches]
-            if key == -1 and not plan.prefix:
+            whole = key == -1 and not plan.prefix
+            if whole:
                 # No proven split: each evaluation whole, from an empty state (restore mode
                 # evaluates a suffix after an empty prefix in one piece).
                 logits, lse, stats = self.core.score([], suffixes, ids, "restore", outputs)
@@ -221,7 +222,7 @@ class ReadoutScoring:
                     [(dict(zip(ids, logits[at + k])), float(lse[at + k])) for k in range(n)]
                 )
                 at += n
-            if key == -1 and not plan.prefix:
+            if whole:
                 # Whole prompts, as letters count them (scoring.py): prefill, no suffix.
                 totals["prefill_seconds"] += stats["prefill_seconds"] + stats["suffix_seconds"]
                 continue

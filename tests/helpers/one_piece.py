@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 if TYPE_CHECKING:
+    from semif_proxy.engine.native import Engine
     from semif_proxy.engine.worker import DecisionEngine
 
 
@@ -28,3 +29,20 @@ def one_piece_rows(engine: DecisionEngine, tokens: list[int], n: int) -> tuple[n
     )
     assert logits.shape[0] == n
     return logits.astype(np.float64), [float(v) for v in lse]
+
+
+def continuation_logprobs(core: Engine, prefix: list[int], conts: list[list[int]]) -> np.ndarray:
+    """Each continuation's summed log-probability after `prefix`, from one-piece evaluations:
+    prefix + the continuation but its last token evaluated whole from an empty state, the rows
+    at its last len(continuation) positions read (no branches, no shared state)."""
+    out = []
+    for cont in conts:
+        ids = sorted(set(cont))
+        core.reset()
+        tokens = [*prefix, *cont[:-1]]
+        logits, lse, _ = core.score([], [tokens], ids, "restore", [len(cont)])
+        out.append(
+            sum(float(logits[t, ids.index(tok)]) - float(lse[t]) for t, tok in enumerate(cont))
+        )
+    core.reset()
+    return np.array(out)
