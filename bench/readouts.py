@@ -4,6 +4,7 @@ on the real engine (the services the routes run, no HTTP), with and without perm
     python -m bench.readouts --model M.gguf --tag TAG [--configs ...] [--permutations 1,N]
     python -m bench.readouts --summary --tag TAG   # bench/results/readouts-TAG.json again
     python -m bench.readouts --docs [--out ROOT]   # docs/readouts.md and its plot
+    python -m bench.readouts --remaining --tag TAG # what a run would still ask, and how long
 
 Each answered task is one line of bench/results/readouts-TAG.jsonl (config, permutations, task
 id: predicted, expected, correct, the probabilities of both, seconds, input tokens, type, split,
@@ -245,11 +246,8 @@ def load_engine(model: Path) -> Any:
     return DecisionEngine.load(load_settings(env=env, model=str(model), chat=False))
 
 
-def run(args: argparse.Namespace, out: Path) -> int:
-    from bench.readouts_summary import write_summary
-    from semif_proxy.model.files import model_sha256
-    from semif_proxy.progress import bar, note
-
+def chosen_tasks(args: argparse.Namespace) -> list[Task]:
+    """The tasks the arguments name; none said in one line on stderr."""
     chosen = load_tasks(args.tasks_dir, args.splits, args.limit, args.families)
     if not chosen:
         print(
@@ -257,6 +255,25 @@ def run(args: argparse.Namespace, out: Path) -> int:
             f"{args.tasks_dir}",
             file=sys.stderr,
         )
+    return chosen
+
+
+def another_run(rows_file: Path, header: dict, wanted: dict) -> int:
+    print(
+        f"{rows_file} holds rows of another run (fingerprint {json.dumps(header)}; this one "
+        f"{json.dumps(wanted)}): use another --tag, or --fresh to discard them",
+        file=sys.stderr,
+    )
+    return 2
+
+
+def run(args: argparse.Namespace, out: Path) -> int:
+    from bench.readouts_summary import write_summary
+    from semif_proxy.model.files import model_sha256
+    from semif_proxy.progress import bar, note
+
+    chosen = chosen_tasks(args)
+    if not chosen:
         return 2
     rows_file = out / f"readouts-{args.tag}.jsonl"
     header, rows = read_rows(rows_file)
@@ -274,12 +291,7 @@ def run(args: argparse.Namespace, out: Path) -> int:
         rewrite(rows_file, wanted, kept)
         header, rows = wanted, kept
     if header is not None and header != wanted and not args.fresh:
-        print(
-            f"{rows_file} holds rows of another run (fingerprint {json.dumps(header)}; this "
-            f"one {json.dumps(wanted)}): use another --tag, or --fresh to discard them",
-            file=sys.stderr,
-        )
-        return 2
+        return another_run(rows_file, header, wanted)
     if args.fresh or header is None:
         out.mkdir(parents=True, exist_ok=True)
         rows_file.write_text(json.dumps({"fingerprint": wanted}) + "\n", encoding="utf-8")
@@ -379,8 +391,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--summary", action="store_true", help="only rewrite the summary")
     parser.add_argument("--docs", action="store_true", help="only write docs/readouts.md")
+    parser.add_argument(
+        "--remaining",
+        action="store_true",
+        help="only say what this run would still ask (per config and permutations: tasks "
+        "answered, answered by a twin config's rows, left, and minutes at the seconds its "
+        "rows took per split); loads no model",
+    )
     parser.add_argument("--out", type=Path, help="with --docs: root to write under")
     args = parser.parse_args(argv)
+    given = sys.argv[1:] if argv is None else argv
+    args.model_given = any(a == "--model" or a.startswith("--model=") for a in given)
     args.configs = [c.strip() for c in args.configs.split(",") if c.strip()]
     unknown = [c for c in args.configs if c not in NAMES]
     if unknown or not args.configs:
@@ -402,7 +423,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error("--max-minutes must be positive")
     args.tag = args.tag or args.model.stem.lower()
     if not args.docs and not args.summary:
-        if not args.model.is_file():
+        if (args.model_given or not args.remaining) and not args.model.is_file():
             parser.error(f"--model: no such file {args.model} (make model)")
         if not args.tasks_dir.is_dir():
             parser.error(
@@ -429,7 +450,38 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         print(write_summary(rows_file, args.results_dir / f"readouts-{args.tag}.json", args.tag))
         return 0
+    if args.remaining:
+        return show_remaining(args)
     return run(args, args.results_dir)
+
+
+def show_remaining(args: argparse.Namespace) -> int:
+    from bench.readouts_plan import remaining, render
+
+    chosen = chosen_tasks(args)
+    if not chosen:
+        return 2
+    rows_file = args.results_dir / f"readouts-{args.tag}.jsonl"
+    header, rows = read_rows(rows_file)
+    if args.fresh:
+        rows = {}
+    elif header is not None:
+        # As run() judges the rows: against --model where it is given, else the file's own.
+        if args.model_given:
+            from semif_proxy.model.files import model_sha256
+
+            wanted = fingerprint(args.model, model_sha256(args.model))
+        else:
+            wanted = fingerprint(Path(str(header.get("model"))), str(header.get("model_sha256")))
+        gone = superseded(header, wanted)
+        if gone is None:
+            return another_run(rows_file, header, wanted)
+        # Rows of a replaced prompt version are asked again by the next run: not answered.
+        rows = {k: r for k, r in rows.items() if r.get("prompt_version") not in gone}
+    runs = [(c, p) for c in args.configs for p in args.permutations]
+    print(f"{rows_file}: {len(chosen)} tasks per run")
+    print(render(remaining(rows, chosen, runs, copied, args.recold)))
+    return 0
 
 
 if __name__ == "__main__":

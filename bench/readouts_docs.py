@@ -164,7 +164,8 @@ def page(all_summaries: list[dict[str, Any]], failing: list[str] | None = None) 
         "each readout of a System One question (`readout`, `normalization`, `bias_correction`; "
         "[docs/api.md](api.md)), in-process on the engine with the default settings, in one "
         "option order (perm. 1) and in every cyclic order (perm. N). Run: `python -m "
-        "bench.readouts --model M.gguf --tag TAG` (resumable; `--help`).",
+        "bench.readouts --model M.gguf --tag TAG` (resumable; `--help`; `--remaining --tag TAG` "
+        "says what a run would still ask and about how long it takes).",
         "",
     ]
     notes = all_summaries[0]["notes"] if all_summaries else []

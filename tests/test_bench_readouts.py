@@ -393,3 +393,74 @@ def test_the_config_by_type_is_checked_against_the_tasks_that_did_not_choose_it(
     [text, _] = held_out({**runs, "per-type@1": mix}, "per-type@1")
     assert "no longer the same" in text and "choice `deliberate@1` (40/40)" in text
     assert held_out(runs, "letters+contextual@1") == []  # a run of one config: nothing to say
+
+
+def test_remaining_counts_what_a_run_would_ask_and_times_it_by_its_rows(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], model_path: Path
+) -> None:
+    from bench.readouts_plan import remaining
+    from bench.readouts_rows import fingerprint, read_rows
+
+    tasks_dir, out = tmp_path / "tasks", tmp_path / "results"
+    tasks_dir.mkdir()
+    out.mkdir()
+    hard = [dict(t, id=t["id"].replace("mini", "hard")) for t in TASKS]
+    (tasks_dir / "easy.jsonl").write_text("".join(json.dumps(t) + "\n" for t in TASKS))
+    (tasks_dir / "hard.jsonl").write_text("".join(json.dumps(t) + "\n" for t in hard))
+    header = fingerprint(Path("m.gguf"), "0" * 64)
+    old = {**header, "prompt_versions": {**header["prompt_versions"], "continuation": "old"}}
+
+    def row(config: str, split: str, task: dict, seconds: float, **extra: object) -> str:
+        body = {"config": config, "permutations": "1", "split": split, "id": task["id"]}
+        return json.dumps({**body, "seconds": seconds, **extra}) + "\n"
+
+    lines = [json.dumps({"fingerprint": old}) + "\n"]
+    lines += [row("letters", "easy", t, s) for t, s in zip(TASKS, (1.0, 2.0, 3.0))]
+    lines += [row("letters", "hard", t, s) for t, s in zip(hard, (4.0, 6.0, 8.0))]
+    # continuation-sum: two easy tasks answered (at twice letters' seconds), the third's row
+    # is of the replaced version "old" (asked again), no hard row yet.
+    lines += [row("continuation-sum", "easy", t, s) for t, s in zip(TASKS[:2], (2.0, 4.0))]
+    lines.append(row("continuation-sum", "easy", TASKS[2], 9.0, prompt_version="old"))
+    lines.append(row("deliberate", "easy", TASKS[0], 5.0, error="engine busy"))
+    rows_file = out / "readouts-mini.jsonl"
+    rows_file.write_text("".join(lines))
+
+    argv = ["--tag", "mini", "--tasks-dir", str(tasks_dir), "--results-dir", str(out)]
+    argv += ["--splits", "easy,hard"]  # no --model: the rows file's own is judged by
+    configs = "letters,continuation-sum,direct,deliberate"
+    assert readouts.main([*argv, "--remaining", "--configs", configs, "--permutations", "1,N"]) == 0
+    table = {line.split()[0]: line.split()[1:] for line in capsys.readouterr().out.splitlines()}
+    assert table["letters@1"] == ["6/6", "0", "0", "-"]
+    # direct asks a choice question as letters does: the two choice tasks are copies.
+    assert table["direct@1"] == ["0/6", "2", "4", "?"]
+    assert table["deliberate@1"] == ["0/6", "0", "6", "?"]  # an error row is asked again
+    assert table["letters@N"] == ["0/6", "0", "6", "?"]
+    assert table["continuation-sum@1"][:3] == ["2/6", "0", "4"]
+
+    # By hand: one easy task left at its own easy mean (3 s), three hard ones at letters' hard
+    # mean (6 s) times its cost against letters on the tasks both answered ((2+4)/(1+2) = 2).
+    _, held = read_rows(rows_file)
+    held = {k: r for k, r in held.items() if r.get("prompt_version") != "old"}
+    tasks = readouts.load_tasks(tasks_dir, ["easy", "hard"], None)
+    [entry] = remaining(held, tasks, [("continuation-sum", "1")], readouts.copied)
+    assert (entry["asked"], entry["left"]) == (2, 4)
+    assert entry["minutes"] == pytest.approx((1 * 3.0 + 3 * 6.0 * 2.0) / 60)
+    # --recold: a letters row not timed cold is asked again (the others carry no `cold`
+    # either: all six).
+    assert readouts.main([*argv, "--remaining", "--configs", "letters", "--recold"]) == 0
+    recold = {x.split()[0]: x.split()[1:] for x in capsys.readouterr().out.splitlines()}
+    assert recold["letters@1"] == ["0/6", "0", "6", "<1"]  # 3 x 2 s + 3 x 6 s: 0.4 minutes
+    # No rows file: every config asked in order, a twin copying what an earlier one of the
+    # order writes (11 configs x 6 tasks; copies: direct and direct+contextual 2 choices each,
+    # pmi+contextual 6, per-type 6).
+    assert readouts.main([*argv, "--remaining", "--tag", "none", "--permutations", "1"]) == 0
+    assert "left: 50 tasks" in capsys.readouterr().out
+    # Rows of another format, or not of the --model given: refused as a run refuses them.
+    assert readouts.main([*argv, "--remaining", "--model", str(model_path)]) == 2
+    rows_file.write_text(json.dumps({"fingerprint": {**old, "format": 0}}) + "\n")
+    assert readouts.main([*argv, "--remaining"]) == 2
+    # Usage errors exit 2: a bad count, a --model that is not there.
+    for bad in (["--permutations", "0"], ["--model", str(tmp_path / "absent.gguf")]):
+        with pytest.raises(SystemExit) as exc:
+            readouts.main([*argv, "--remaining", *bad])
+        assert exc.value.code == 2
