@@ -9,6 +9,7 @@ from typing import Any
 
 from bench import readouts_failures as failures
 from bench.readouts import PER_TYPE
+from bench.readouts_summary import CONTINUATIONS
 
 PAGE = Path("docs") / "readouts.md"
 PLOT = Path("docs") / "img" / "readouts.png"
@@ -148,8 +149,67 @@ def verdicts(all_summaries: list[dict[str, Any]]) -> list[str]:
         "stays `letters` with no correction; each readout and correction is opt-in per question, "
         "or for a server by SEMIF_READOUT and SEMIF_BIAS_CORRECTION "
         '([method.md](method.md), "Other readouts", says what each is good for).',
+        *normalization_verdict(runs),
         "",
     ]
+    return out
+
+
+def chosen_normalization(runs: dict[str, Any]) -> str | None:
+    """The normalization whose one-order continuation run, over all tasks, beats each other
+    normalization's with a paired 95 % interval above zero; None when no run does (or any
+    has not answered every task)."""
+    mine = {name: r for name, r in runs.items() if r["config"] in CONTINUATIONS}
+    mine = {n: r for n, r in mine.items() if r["permutations"] == "1"}
+    if len(mine) < len(CONTINUATIONS):
+        return None
+    if any(r["by"]["all"]["all"]["n"] < failures.TASKS for r in mine.values()):
+        return None
+    for r in mine.values():
+        against = r.get("vs_normalizations", {})
+        if len(against) == len(CONTINUATIONS) - 1 and all(
+            (vs["all"]["bootstrap95"] or [0])[0] > 0 for vs in against.values()
+        ):
+            return r["config"].removeprefix("continuation-")
+    return None
+
+
+def normalization_verdict(runs: dict[str, Any]) -> list[str]:
+    """How a continuation question that names no normalization is read, and why."""
+    from semif_proxy.settings.readouts import Normalizations
+
+    out = [
+        "",
+        "A continuation question that names no normalization (SEMIF_NORMALIZATION) gets the "
+        f"one that, on `{failures.REALISTIC}` over all {failures.TASKS} tasks in one option "
+        "order, beats each other normalization with a paired 95 % interval above zero (its "
+        "extra cost shown, not judged: a continuation is asked for, letters stay the default "
+        "readout; each pair once, the more accurate first):",
+        "",
+    ]
+    for name, r in runs.items():
+        if r["config"] not in CONTINUATIONS or r["permutations"] != "1":
+            continue
+        for other, vs in r.get("vs_normalizations", {}).items():
+            c = vs["all"]
+            if c["difference"] is None or (c["difference"], other) <= (0, name):
+                continue  # the other way round, or none to show
+            lo, hi = c["bootstrap95"]
+            mine = r["by"]["all"]["all"].get("vs_letters", {}).get("cost_ratio")
+            theirs = runs[other]["by"]["all"]["all"].get("vs_letters", {}).get("cost_ratio")
+            cost = f", p50 {mine / theirs:.2f}x the other's" if mine and theirs else ""
+            out.append(
+                f"- {name} against {other}: {100 * c['difference']:+.1f} pt "
+                f"[{100 * lo:+.1f}, {100 * hi:+.1f}] (n={c['pairs']}){cost}"
+            )
+    chosen = chosen_normalization(runs)
+    now = Normalizations().describe()
+    if chosen is None:
+        out += ["", f"None does yet: the default stays `{now}`."]
+    elif chosen == now:
+        out += ["", f"Chosen: `{chosen}`, the server's default (settings/defaults.py)."]
+    else:
+        out += ["", f"Chosen: `{chosen}`; the server's default is `{now}`: they differ."]
     return out
 
 

@@ -5,7 +5,10 @@ and question type (and all): n, correct, accuracy with a Wilson 95 % interval; t
 difference in accuracy against `letters` at the same permutations, over the tasks both
 answered, with a bootstrap 95 % interval (2,000 resamples, a fixed seed); the ECE (10 bins) of
 the predicted label's probability; p50 / p95 latency; and the cost against letters (this run's
-p50 latency / letters' p50, both over the paired tasks).
+p50 latency / letters' p50, both over the paired tasks). The continuation runs also carry
+their paired differences against each other normalization at the same permutations
+(`vs_normalizations`): what chooses the default normalization (docs: "Defaults from the
+evidence").
 """
 
 from __future__ import annotations
@@ -16,12 +19,16 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from bench.readouts import NAMES
+from bench.readouts import CONFIGS, NAMES
 from bench.readouts_rows import read_rows
 from bench.readouts_stats import RESAMPLES, SEED, ece, paired_bootstrap, percentile, wilson
 
 SPLIT_ORDER = ("easy", "original", "hard")
 TYPE_ORDER = ("noul", "choice", "score")
+# The continuation runs, one per normalization, none corrected.
+CONTINUATIONS = tuple(
+    c for c, f in CONFIGS.items() if f.get("readout") == "continuation" and len(f) == 2
+)
 NOTES = [
     "direct reads the model's own yes/no or level-number words: it applies to noul and score "
     "questions only; under `direct` and `direct+contextual` choice questions are asked with "
@@ -64,12 +71,7 @@ def cell(rows: list[dict[str, Any]], letters: dict[tuple[str, str], dict[str, An
         "input_tokens_p50": percentile([r["input_tokens"] for r in rows], 50),
     }
     if letters is not None:
-        pairs = [
-            (r, letters[(r["split"], r["id"])]) for r in rows if (r["split"], r["id"]) in letters
-        ]
-        diff = paired_bootstrap(
-            [float(r["correct"]) for r, _ in pairs], [float(b["correct"]) for _, b in pairs]
-        )
+        pairs = paired_rows(rows, letters)
         # Costs from cold rows only (bench/readouts.py cold_start): before, a config asked after
         # another could find the state's prefix still held and look cheaper than it is.
         cold = [(r, b) for r, b in pairs if r.get("cold") and b.get("cold")]
@@ -79,13 +81,50 @@ def cell(rows: list[dict[str, Any]], letters: dict[tuple[str, str], dict[str, An
         cpu_base = percentile([b["cpu_seconds"] for _, b in timed], 50)
         cpu_mine = percentile([r["cpu_seconds"] for r, _ in timed], 50)
         out["vs_letters"] = {
-            "pairs": len(pairs),
-            "difference": diff[0] if diff else None,
-            "bootstrap95": [diff[1], diff[2]] if diff else None,
+            **difference(pairs),
             "cost_ratio": mine / base if cold and base else None,
             "cost_pairs": len(cold),
             "cpu_cost_ratio": cpu_mine / cpu_base if timed and cpu_base else None,
             "cpu_pairs": len(timed),
+        }
+    return out
+
+
+def paired_rows(rows: list[dict[str, Any]], other: dict[tuple[str, str], dict[str, Any]]):
+    """(row, the other run's row of the same task) for the tasks both answered."""
+    return [(r, other[(r["split"], r["id"])]) for r in rows if (r["split"], r["id"]) in other]
+
+
+def difference(pairs: list[tuple[dict[str, Any], dict[str, Any]]]) -> dict[str, Any]:
+    """accuracy(first) - accuracy(second) over the pairs, with its bootstrap interval."""
+    diff = paired_bootstrap(
+        [float(r["correct"]) for r, _ in pairs], [float(o["correct"]) for _, o in pairs]
+    )
+    return {
+        "pairs": len(pairs),
+        "difference": diff[0] if diff else None,
+        "bootstrap95": [diff[1], diff[2]] if diff else None,
+    }
+
+
+def vs_normalizations(ok: list[dict[str, Any]], config: str, spec: str) -> dict[str, Any]:
+    """A continuation run against each other normalization's run at the same permutations,
+    over all tasks and per question type."""
+
+    def of(c: str) -> list[dict[str, Any]]:
+        return [r for r in ok if r["config"] == c and str(r["permutations"]) == spec]
+
+    mine = of(config)
+    out: dict[str, Any] = {}
+    for other in CONTINUATIONS:
+        theirs = of(other)
+        if other == config or not theirs:
+            continue
+        kinds = ["all", *_order({r["type"] for r in mine}, TYPE_ORDER)]
+        by_task = {(r["split"], r["id"]): r for r in theirs}
+        out[run_name(other, spec)] = {
+            kind: difference(paired_rows([r for r in mine if kind in ("all", r["type"])], by_task))
+            for kind in kinds
         }
     return out
 
@@ -123,7 +162,7 @@ def summarise(rows: list[dict[str, Any]], header: dict[str, Any] | None, tag: st
                     kind: cell([r for r in in_split if kind in ("all", r["type"])], letters)
                     for kind in ["all", *_order({r["type"] for r in in_split}, TYPE_ORDER)]
                 }
-            runs[run_name(config, spec)] = {
+            run: dict[str, Any] = {
                 "config": config,
                 "permutations": spec,
                 "answered": len(mine),
@@ -136,6 +175,9 @@ def summarise(rows: list[dict[str, Any]], header: dict[str, Any] | None, tag: st
                 "load1_p50": percentile([r["load1"] for r in mine], 50),
                 "by": by,
             }
+            if config in CONTINUATIONS:
+                run["vs_normalizations"] = vs_normalizations(ok, config, spec)
+            runs[run_name(config, spec)] = run
     return {
         "tag": tag,
         "fingerprint": header,

@@ -464,3 +464,65 @@ def test_remaining_counts_what_a_run_would_ask_and_times_it_by_its_rows(
         with pytest.raises(SystemExit) as exc:
             readouts.main([*argv, "--remaining", *bad])
         assert exc.value.code == 2
+
+
+TYPE_KINDS = ("choice", "noul", "score")
+
+
+def _summary_rows(config: str, right: set[int]) -> list[dict]:
+    extra = {"p_predicted": 0.5, "input_tokens": 100, "load1": 1.0, "applied": "x", "cold": True}
+    rows = _rows(config, {(p, k): right for p in ("dev", "hard") for k in TYPE_KINDS})
+    return [r | extra for r in rows.values()]
+
+
+def test_the_normalization_is_chosen_by_paired_differences_over_every_task() -> None:
+    from bench.readouts_docs import chosen_normalization, normalization_verdict
+    from bench.readouts_summary import summarise
+
+    every = set(range(231))
+    even = {i for i in every if i % 2 == 0}  # 116 tasks
+    rows = [
+        *_summary_rows("letters", even),
+        *_summary_rows("continuation-sum", even),
+        *_summary_rows("continuation-mean", even),
+        *_summary_rows("continuation-pmi", every),
+    ]
+    runs = summarise(rows, None, "qwen2.5-1.5b")["runs"]
+    vs = runs["continuation-pmi@1"]["vs_normalizations"]
+    assert sorted(vs) == ["continuation-mean@1", "continuation-sum@1"]
+    assert vs["continuation-sum@1"]["all"]["pairs"] == 231
+    assert vs["continuation-sum@1"]["all"]["difference"] == pytest.approx(115 / 231)
+    # Choices are tasks 0, 3, 6, ... (77); sum gets those that are even too (0, 6, ...: 39).
+    assert vs["continuation-sum@1"]["choice"]["pairs"] == 77
+    assert vs["continuation-sum@1"]["choice"]["difference"] == pytest.approx((77 - 39) / 77)
+    assert runs["continuation-sum@1"]["vs_normalizations"]["continuation-pmi@1"]["all"][
+        "difference"
+    ] == pytest.approx(-115 / 231)
+    assert "vs_normalizations" not in runs["letters@1"]
+    assert chosen_normalization(runs) == "pmi"
+    text = "\n".join(normalization_verdict(runs))
+    assert "- continuation-pmi@1 against continuation-sum@1: +49.8 pt" in text
+    assert "Chosen: `pmi`" in text
+
+    # Two tasks apart from mean: the interval reaches zero, so nothing is chosen.
+    rows = [r for r in rows if r["config"] != "continuation-mean"]
+    rows += _summary_rows("continuation-mean", every - {1, 3})
+    runs = summarise(rows, None, "qwen2.5-1.5b")["runs"]
+    lo = runs["continuation-pmi@1"]["vs_normalizations"]["continuation-mean@1"]["all"]
+    assert lo["bootstrap95"][0] <= 0
+    assert chosen_normalization(runs) is None
+    assert "None does yet" in "\n".join(normalization_verdict(runs))
+    # A run that has not answered every task chooses nothing either.
+    rows = [r for r in rows if r["config"] != "continuation-mean"]
+    rows += [r for r in _summary_rows("continuation-mean", even) if r["id"] != "t5"]
+    assert chosen_normalization(summarise(rows, None, "qwen2.5-1.5b")["runs"]) is None
+
+
+def test_the_server_reads_a_continuation_as_the_evidence_chose() -> None:
+    """The committed evidence and the server's default normalization agree (or the evidence
+    chooses none yet, and the default stays)."""
+    from bench.readouts_docs import chosen_normalization
+    from semif_proxy.settings.defaults import DEFAULT_NORMALIZATION
+
+    summary = json.loads((ROOT / "bench" / "results" / "readouts-qwen2.5-1.5b.json").read_text())
+    assert chosen_normalization(summary["runs"]) in (None, DEFAULT_NORMALIZATION)

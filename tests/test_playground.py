@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from playwright import sync_api as pw
 
+from semif_proxy.settings.defaults import DEFAULT_NORMALIZATION
 from semif_proxy.testing.server import ProxyProcess
 from tests.conftest import StartProxy
 
@@ -123,6 +124,8 @@ def test_readouts_are_chosen_in_the_page(page: object) -> None:
     page.select_option("#readout", "continuation")  # its normalisation: the server's unless set
     assert page.is_visible("#normalization-row")
     assert page.input_value("#normalization") == ""
+    unset = page.locator("#normalization option[value='']").text_content()
+    assert f"({DEFAULT_NORMALIZATION} unless set)" in unset  # the page says the default
     page.select_option("#readout", "deliberate")
     assert page.is_visible("#deliberation-row")
     page.fill("#deliberation-tokens", "8")

@@ -46,12 +46,12 @@ def test_questions_without_a_readout_get_the_servers(model_path: Path, start_app
     named = server.call("POST", "/v1/decisions", decision(readout="continuation"), timeout=120)
     assert unnamed.status == named.status == 200, (unnamed.body, named.body)
     a, b = unnamed.json()["result"], named.json()["result"]
-    assert a["readout"] == "continuation-logprobs" and a["normalization"] == "mean"
+    assert a["readout"] == "continuation-logprobs" and a["normalization"] == "pmi"
     assert a["option_logits"] == b["option_logits"]  # the same reading, bit for bit
     # Normalisation belongs to continuation: sent without a readout under this default, it is
     # the default's and accepted.
-    pmi = server.call("POST", "/v1/decisions", decision(normalization="pmi"), timeout=120)
-    assert pmi.status == 200 and pmi.json()["result"]["normalization"] == "pmi"
+    summed = server.call("POST", "/v1/decisions", decision(normalization="sum"), timeout=120)
+    assert summed.status == 200 and summed.json()["result"]["normalization"] == "sum"
     own = server.call("POST", "/v1/decisions", decision(readout="letters"), timeout=120)
     assert own.json()["result"]["readout"] == "letter-logits"  # the request's own wins
 
@@ -314,9 +314,9 @@ def test_a_server_normalization_applies_to_continuations_that_name_none(
 @pytest.mark.parametrize(
     ("value", "choice", "noul"),
     [
-        (None, "mean", "mean"),
-        ("PMI", "pmi", "pmi"),
-        ('{"choice": "pmi"}', "pmi", "mean"),
+        (None, "pmi", "pmi"),
+        ("MEAN", "mean", "mean"),
+        ('{"choice": "sum"}', "sum", "pmi"),
         ('{"default": "sum", "noul": "mean"}', "sum", "mean"),
     ],
 )
@@ -328,24 +328,24 @@ def test_normalization_setting_by_type(value: str | None, choice: str, noul: str
 
 
 def test_a_normalization_by_type_reaches_only_that_type(stand_in: Path) -> None:
-    """SEMIF_NORMALIZATION={"choice": "pmi"}: System One choices read by continuation get pmi,
-    its yes/no questions and plain decisions read by continuation keep the default mean (each
+    """SEMIF_NORMALIZATION={"choice": "sum"}: System One choices read by continuation get sum,
+    its yes/no questions and plain decisions read by continuation keep the default pmi (each
     looked up by its own type; planned only, nothing asked)."""
     from semif_proxy.api import services
     from semif_proxy.settings import load_settings
 
     model = stand_in
-    env = {"SEMIF_NORMALIZATION": '{"choice": "pmi"}', "SEMIF_READOUT": "continuation"}
+    env = {"SEMIF_NORMALIZATION": '{"choice": "sum"}', "SEMIF_READOUT": "continuation"}
     settings = load_settings(env, model=str(model))
     planned = services.SERVICES["decisions"].plan(decision(), settings, "0" * 64)
-    assert planned.decisions[0].normalization == "mean"
+    assert planned.decisions[0].normalization == "pmi"
     body = system_one(
         queue={"type": "choice", "criteria": {"billing": "payments", "login": "access"}},
         refund={"type": "noul", "instructions": "Is a refund owed?"},
     )
     specs = {s.qid: s for s in services.SERVICES["systemone"].plan(body, settings, "0" * 64).specs}
-    assert (specs["queue"].readout, specs["queue"].normalization) == ("continuation", "pmi")
-    assert (specs["refund"].readout, specs["refund"].normalization) == ("continuation", "mean")
+    assert (specs["queue"].readout, specs["queue"].normalization) == ("continuation", "sum")
+    assert (specs["refund"].readout, specs["refund"].normalization) == ("continuation", "pmi")
 
 
 def test_a_bad_normalization_setting_names_the_variable(stand_in: Path) -> None:

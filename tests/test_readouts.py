@@ -79,7 +79,7 @@ def test_continuation_equals_its_one_piece_evaluation(
 ) -> None:
     asked = [
         decision("sum", state, options, readout="continuation", normalization="sum"),
-        decision("mean", state, options, readout="continuation").model_copy(
+        decision("mean", state, options, readout="continuation", normalization="mean").model_copy(
             update={"question": "Which team should take it?"}
         ),
         decision("pmi", state, options, readout="continuation", normalization="pmi"),

@@ -52,7 +52,7 @@ class Decision(BaseModel):
     position_prior: bool = True
     # How the options are read (docs/method.md): their letters (the default), each option's
     # text as the answer (continuation: normalised as asked, else per SEMIF_NORMALIZATION,
-    # "mean" unless set), or the model's own yes/no or level-number tokens (direct: yes/no and
+    # "pmi" unless set), or the model's own yes/no or level-number tokens (direct: yes/no and
     # score decisions only). A contextual bias correction divides out the answers after a
     # content-free state.
     readout: Readout | None = None  # None: the server's (SEMIF_READOUT), letters unless set

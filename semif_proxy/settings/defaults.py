@@ -29,10 +29,14 @@ CPU_DRAIN_GRACE_S = 5.0
 #   large group of one state is cut into jobs that other requests can run between.
 JSON_LINES_PER_JOB = 16
 # - how a decision or a System One question is read when it does not say (issue #35): its
-#   options' letters after the prompt; a continuation's normalisation (per token); no
-#   label-free bias correction. The API's `readout`, `normalization` and `bias_correction`;
+#   options' letters after the prompt; a continuation's normalisation: pmi (divided by the
+#   option's probability after a content-free state), the one that beats both others on
+#   Qwen2.5-Coder-1.5B over JevBench's 231 tasks with paired intervals above zero
+#   (docs/readouts.md, "Defaults from the evidence"; tests/test_bench_readouts.py holds this
+#   value to the committed evidence); no label-free bias correction. The API's `readout`,
+#   `normalization` and `bias_correction`;
 DEFAULT_READOUT = "letters"
-DEFAULT_NORMALIZATION = "mean"
+DEFAULT_NORMALIZATION = "pmi"
 DEFAULT_BIAS_CORRECTION = "none"
 # - the server's bias correction by question type where the evidence chose one (issue #35's
 #   rule, docs/readouts.md): yes/no questions (noul) read with the answers after a content-free

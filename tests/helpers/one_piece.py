@@ -20,15 +20,18 @@ def one_piece(engine: DecisionEngine, tokens: list[int]) -> tuple[np.ndarray, fl
     return logits[0].astype(np.float64), float(lse[0])
 
 
-def one_piece_rows(engine: DecisionEngine, tokens: list[int], n: int) -> tuple[np.ndarray, list]:
-    """The raw engine's logits at the last n positions of `tokens` evaluated whole (one stream
-    of ubatches from an empty state, those n rows the outputs), and their logsumexps."""
-    engine.core.reset()
-    logits, lse, _ = engine.core.score(
-        [], [tokens], list(range(engine.core.n_vocab)), "restore", [n]
-    )
+def rows_whole(core: Engine, tokens: list[int], n: int, ids: list[int]) -> tuple[np.ndarray, list]:
+    """The raw core's logits of `ids` at the last n positions of `tokens` evaluated whole (one
+    stream of ubatches from an empty state, those n rows the outputs), and their logsumexps."""
+    core.reset()
+    logits, lse, _ = core.score([], [tokens], ids, "restore", [n])
     assert logits.shape[0] == n
     return logits.astype(np.float64), [float(v) for v in lse]
+
+
+def one_piece_rows(engine: DecisionEngine, tokens: list[int], n: int) -> tuple[np.ndarray, list]:
+    """rows_whole over the whole vocabulary."""
+    return rows_whole(engine.core, tokens, n, list(range(engine.core.n_vocab)))
 
 
 def continuation_logprobs(core: Engine, prefix: list[int], conts: list[list[int]]) -> np.ndarray:
@@ -38,11 +41,7 @@ def continuation_logprobs(core: Engine, prefix: list[int], conts: list[list[int]
     out = []
     for cont in conts:
         ids = sorted(set(cont))
-        core.reset()
-        tokens = [*prefix, *cont[:-1]]
-        logits, lse, _ = core.score([], [tokens], ids, "restore", [len(cont)])
-        out.append(
-            sum(float(logits[t, ids.index(tok)]) - float(lse[t]) for t, tok in enumerate(cont))
-        )
+        logits, lse = rows_whole(core, [*prefix, *cont[:-1]], len(cont), ids)
+        out.append(sum(logits[t, ids.index(tok)] - lse[t] for t, tok in enumerate(cont)))
     core.reset()
     return np.array(out)
