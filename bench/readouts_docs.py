@@ -159,8 +159,11 @@ def chosen_normalization(runs: dict[str, Any]) -> str | None:
     """The normalization whose one-order continuation run, over all tasks, beats each other
     normalization's with a paired 95 % interval above zero; None when no run does (or any
     has not answered every task)."""
-    mine = {name: r for name, r in runs.items() if r["config"] in CONTINUATIONS}
-    mine = {n: r for n, r in mine.items() if r["permutations"] == "1"}
+    mine = {
+        name: r
+        for name, r in runs.items()
+        if r["config"] in CONTINUATIONS and r["permutations"] == "1"
+    }
     if len(mine) < len(CONTINUATIONS):
         return None
     if any(r["by"]["all"]["all"]["n"] < failures.TASKS for r in mine.values()):
