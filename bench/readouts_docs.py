@@ -155,15 +155,20 @@ def verdicts(all_summaries: list[dict[str, Any]]) -> list[str]:
     return out
 
 
-def chosen_normalization(runs: dict[str, Any]) -> str | None:
-    """The normalization whose one-order continuation run, over all tasks, beats each other
-    normalization's with a paired 95 % interval above zero; None when no run does (or any
-    has not answered every task)."""
-    mine = {
+def one_order_continuations(runs: dict[str, Any]) -> dict[str, Any]:
+    """The continuation runs, one per normalization, asked in one option order."""
+    return {
         name: r
         for name, r in runs.items()
         if r["config"] in CONTINUATIONS and r["permutations"] == "1"
     }
+
+
+def chosen_normalization(runs: dict[str, Any]) -> str | None:
+    """The normalization whose one-order continuation run, over all tasks, beats each other
+    normalization's with a paired 95 % interval above zero; None when no run does (or any
+    has not answered every task)."""
+    mine = one_order_continuations(runs)
     if len(mine) < len(CONTINUATIONS):
         return None
     if any(r["by"]["all"]["all"]["n"] < failures.TASKS for r in mine.values()):
@@ -190,9 +195,7 @@ def normalization_verdict(runs: dict[str, Any]) -> list[str]:
         "readout; each pair once, the more accurate first):",
         "",
     ]
-    for name, r in runs.items():
-        if r["config"] not in CONTINUATIONS or r["permutations"] != "1":
-            continue
+    for name, r in one_order_continuations(runs).items():
         for other, vs in r.get("vs_normalizations", {}).items():
             c = vs["all"]
             if c["difference"] is None or (c["difference"], other) <= (0, name):

@@ -115,12 +115,12 @@ def vs_normalizations(ok: list[dict[str, Any]], config: str, spec: str) -> dict[
         return [r for r in ok if r["config"] == c and str(r["permutations"]) == spec]
 
     mine = of(config)
+    kinds = ["all", *_order({r["type"] for r in mine}, TYPE_ORDER)]
     out: dict[str, Any] = {}
     for other in CONTINUATIONS:
         theirs = of(other)
         if other == config or not theirs:
             continue
-        kinds = ["all", *_order({r["type"] for r in mine}, TYPE_ORDER)]
         by_task = {(r["split"], r["id"]): r for r in theirs}
         out[run_name(other, spec)] = {
             kind: difference(paired_rows([r for r in mine if kind in ("all", r["type"])], by_task))
