@@ -34,7 +34,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.readouts_rows import fingerprint, read_rows, rewrite, row_key, superseded
+from bench.readouts_rows import (
+    engine_cost,
+    fingerprint,
+    read_rows,
+    rewrite,
+    row_key,
+    superseded,
+    timed,
+)
 from semif_proxy.engine.bias import is_pmi
 from semif_proxy.eval.jevbench import Task, label_probabilities, predicted_label, read_tasks
 
@@ -146,10 +154,10 @@ def copied(
 ) -> dict | None:
     """The twin config's row of this task, as this config's (the same request: asking it
     again would give the same numbers), or None where there is none yet; with `cold`, none
-    that was not timed from a cold state either (--recold asks it itself)."""
+    whose seconds do not count either (readouts_rows.timed: --recold asks it itself)."""
     other = twin(config, task.kind)
     row = rows.get((other, spec, task.file, task.id)) if other else None
-    if row is None or "error" in row or (cold and not row.get("cold")):
+    if row is None or "error" in row or (cold and not timed(row)):
         return None
     return row | {"config": config, "copied_from": other}
 
@@ -184,6 +192,7 @@ def answer_row(engine: Any, task: Task, config: str, spec: str) -> dict[str, Any
         "applied": applied,
         "expected": task.expected,
         "cold": True,  # cold_start: comparable times across configs
+        "engine_cost": engine_cost(config),
     }
     service = services.SERVICES["systemone"]
     cold_start(engine)
@@ -303,7 +312,7 @@ def run(args: argparse.Namespace, out: Path) -> int:
             for t in chosen
             if (*run, t.file, t.id) not in rows
             or "error" in rows[(*run, t.file, t.id)]
-            or (args.recold and not rows[(*run, t.file, t.id)].get("cold"))
+            or (args.recold and not timed(rows[(*run, t.file, t.id)]))
         ]
         for run in runs
     }
@@ -386,8 +395,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--recold",
         action="store_true",
-        help="ask again the rows not timed from a cold state (older rows: their cost is not "
-        "measured); the new row follows the old one and wins",
+        help="ask again the rows whose seconds do not count in cost: not timed from a cold "
+        "state, or timed before the engine's work for their readout changed "
+        "(bench/readouts_rows.py ENGINE_COSTS); the new row follows the old one and wins",
     )
     parser.add_argument("--summary", action="store_true", help="only rewrite the summary")
     parser.add_argument("--docs", action="store_true", help="only write docs/readouts.md")

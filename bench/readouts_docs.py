@@ -239,9 +239,11 @@ def page(all_summaries: list[dict[str, Any]], failing: list[str] | None = None) 
     out += [
         "- cost: p50 latency / letters' p50 at the same permutations, of wall seconds and of "
         "the process's CPU seconds, over the tasks both answered from a cold state (`cold` in "
-        "the rows: no prefix held, the prefix cache cleared; the n after it counts them; rows "
-        "from before cold starts count in accuracy, not in cost: `--recold` asks them again); "
-        "ECE: 10 equal-width bins of the predicted label's probability",
+        "the rows: no prefix held, the prefix cache cleared; the n after it counts them) on the "
+        "engine the readout has now (`engine_cost` in the rows; deliberate's reasoning has "
+        "come after the state's shared prefix since engine cost 2); other rows count in "
+        "accuracy (their numbers are the same, tested), not in cost or latency: `--recold` "
+        "asks them again; ECE: 10 equal-width bins of the predicted label's probability",
         "- each row is timed at its own load (load1); a run shares the machine with nothing "
         "else it starts, but what else ran at the time is the operator's",
         "",

@@ -10,6 +10,8 @@ from collections.abc import Callable, Iterable
 from statistics import fmean
 from typing import Any
 
+from bench.readouts_rows import current_engine, engine_cost, timed
+
 Copier = Callable[..., "dict | None"]
 
 
@@ -24,7 +26,7 @@ def remaining(
     stands in, one already there or one an earlier run of this order will write), left and
     minutes (None where a split with tasks left has no row of that run to time it by, nor
     rows of it and of letters to scale letters' seconds there by). With `recold`, as
-    --recold: a row not timed from a cold state is asked again."""
+    --recold: a row whose seconds do not count (readouts_rows.timed) is asked again."""
     tasks = list(tasks)
     # The rows this order would write (as run() does), for later twins to copy; the rows
     # themselves stay as they are, to time the tasks by.
@@ -37,14 +39,14 @@ def remaining(
         for t in tasks:
             key = (config, spec, t.file, t.id)
             row = rows.get(key)
-            if row is not None and "error" not in row and not (recold and not row.get("cold")):
+            if row is not None and "error" not in row and not (recold and not timed(row)):
                 asked += 1
             elif copied(held, t, config, spec, recold) is not None:
                 copies += 1
             else:
                 left[t.file] = left.get(t.file, 0) + 1
                 # Asked by this run (untimed here: no seconds), so a later twin copies it.
-                planned[key] = {"config": config, "cold": True}
+                planned[key] = {"config": config, "cold": True, "engine_cost": engine_cost(config)}
         minutes: float | None = 0.0
         for split, n in left.items():
             per_task = _seconds(rows, config, spec, split)
@@ -75,6 +77,7 @@ def _times(rows: dict, config: str, spec: str, split: str | None) -> dict[tuple,
         and split in (None, f)
         and "seconds" in r
         and not ({"error", "copied_from"} & r.keys())  # a copy's seconds: its twin's
+        and current_engine(r)  # an older engine's seconds are not what is left
     }
 
 

@@ -8,6 +8,37 @@ from pathlib import Path
 from typing import Any
 
 FORMAT = 1
+# Where the engine's work for a readout changed, the rows answered before keep their numbers
+# (the change is tested to give the same ones, bit for bit) but not their seconds: per readout,
+# the engine cost its rows must carry (`engine_cost`; a row without one: 1) for their seconds
+# to count in cost and latency. deliberate 2: the reasoning generated after the state's shared
+# prefix, evaluated once for every option order and kept for the read (before: each order's
+# whole prompt, and the state again for the read).
+ENGINE_COSTS = {"deliberate": 2}
+
+
+def readout_of(config: str) -> str:
+    """The readout a config's engine work is that of: its name before a correction, with
+    continuation's normalisations one readout."""
+    name = config.split("+")[0]
+    return "continuation" if name.startswith("continuation") else name
+
+
+def engine_cost(config: str) -> int:
+    return ENGINE_COSTS.get(readout_of(config), 1)
+
+
+def current_engine(row: dict[str, Any]) -> bool:
+    """Whether a row was answered by the engine its readout has now (a copied row: the readout
+    of the config it came from)."""
+    source = row.get("copied_from") or row["config"]
+    return row.get("engine_cost", 1) >= engine_cost(source)
+
+
+def timed(row: dict[str, Any]) -> bool:
+    """Whether a row's seconds count: timed from a cold state (bench/readouts.py cold_start) on
+    the engine its readout has now."""
+    return bool(row.get("cold")) and current_engine(row)
 
 
 def row_key(row: dict[str, Any]) -> tuple[str, str, str, str]:

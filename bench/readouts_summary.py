@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.readouts import CONFIGS, NAMES
-from bench.readouts_rows import read_rows
+from bench.readouts_rows import read_rows, timed
 from bench.readouts_stats import RESAMPLES, SEED, ece, paired_bootstrap, percentile, wilson
 
 SPLIT_ORDER = ("easy", "original", "hard")
@@ -58,7 +58,9 @@ def run_name(config: str, permutations: str) -> str:
 def cell(rows: list[dict[str, Any]], letters: dict[tuple[str, str], dict[str, Any]] | None):
     n = len(rows)
     k = sum(bool(r["correct"]) for r in rows)
-    seconds = [r["seconds"] for r in rows]
+    # Latency from the rows whose seconds count (readouts_rows.timed); accuracy from all.
+    clocked = [r for r in rows if timed(r)]
+    seconds = [r["seconds"] for r in clocked]
     out: dict[str, Any] = {
         "n": n,
         "correct": k,
@@ -67,25 +69,26 @@ def cell(rows: list[dict[str, Any]], letters: dict[tuple[str, str], dict[str, An
         "ece": ece([r["p_predicted"] for r in rows], [r["correct"] for r in rows]) if n else None,
         "latency_p50": percentile(seconds, 50),
         "latency_p95": percentile(seconds, 95),
-        "cpu_p50": percentile([r["cpu_seconds"] for r in rows if "cpu_seconds" in r], 50),
+        "cpu_p50": percentile([r["cpu_seconds"] for r in clocked if "cpu_seconds" in r], 50),
         "input_tokens_p50": percentile([r["input_tokens"] for r in rows], 50),
     }
     if letters is not None:
         pairs = paired_rows(rows, letters)
         # Costs from cold rows only (bench/readouts.py cold_start): before, a config asked after
-        # another could find the state's prefix still held and look cheaper than it is.
-        cold = [(r, b) for r, b in pairs if r.get("cold") and b.get("cold")]
+        # another could find the state's prefix still held and look cheaper than it is; and
+        # from rows timed on the engine their readout has now (readouts_rows.timed).
+        cold = [(r, b) for r, b in pairs if timed(r) and timed(b)]
         base = percentile([b["seconds"] for _, b in cold], 50)
         mine = percentile([r["seconds"] for r, _ in cold], 50)
-        timed = [(r, b) for r, b in cold if "cpu_seconds" in r and "cpu_seconds" in b]
-        cpu_base = percentile([b["cpu_seconds"] for _, b in timed], 50)
-        cpu_mine = percentile([r["cpu_seconds"] for r, _ in timed], 50)
+        with_cpu = [(r, b) for r, b in cold if "cpu_seconds" in r and "cpu_seconds" in b]
+        cpu_base = percentile([b["cpu_seconds"] for _, b in with_cpu], 50)
+        cpu_mine = percentile([r["cpu_seconds"] for r, _ in with_cpu], 50)
         out["vs_letters"] = {
             **difference(pairs),
             "cost_ratio": mine / base if cold and base else None,
             "cost_pairs": len(cold),
-            "cpu_cost_ratio": cpu_mine / cpu_base if timed and cpu_base else None,
-            "cpu_pairs": len(timed),
+            "cpu_cost_ratio": cpu_mine / cpu_base if with_cpu and cpu_base else None,
+            "cpu_pairs": len(with_cpu),
         }
     return out
 

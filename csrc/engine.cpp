@@ -771,23 +771,34 @@ TreeResult Engine::score_tree(const std::vector<llama_token>& prefix,
     return result;
 }
 
-GenerateResult Engine::generate(const std::vector<llama_token>& prefix, int32_t max_tokens,
-                                const std::vector<llama_token>& stop_ids) {
+GenerateResult Engine::generate(const std::vector<llama_token>& prompt, int32_t max_tokens,
+                                const std::vector<llama_token>& stop_ids, size_t held) {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (prefix.empty()) throw LlamaError(kBadArgument, "prefix must hold at least one token");
+    if (prompt.empty()) throw LlamaError(kBadArgument, "prompt must hold at least one token");
     if (max_tokens < 0) throw LlamaError(kBadArgument, "max_tokens must not be negative");
-    check_token_ids(prefix, "prefix");
+    if (held >= prompt.size() && held != 0) {
+        throw LlamaError(kBadArgument, "held must be shorter than the prompt");
+    }
+    // Off the cell grid the rest would not sit where its one-piece evaluation puts it.
+    if (held % cell_align_ != 0) {
+        throw LlamaError(kBadArgument,
+                         "held must be a multiple of the cell alignment (" +
+                             std::to_string(cell_align_) + ")");
+    }
+    check_token_ids(prompt, "prompt");
     check_token_ids(stop_ids, "stop ids");
     // The last generated token is never decoded (nothing reads what follows it).
-    check_fits(prefix.size(), static_cast<size_t>(std::max(0, max_tokens - 1)), 0);
+    check_fits(prompt.size(), static_cast<size_t>(std::max(0, max_tokens - 1)), 0);
 
     GenerateResult result;
-    // With its own logits: they choose the first generated token.
-    ensure_prefix(prefix, result.stats);
+    const size_t keep = held == 0 ? prompt.size() : held;
+    const std::vector<llama_token> prefix(prompt.begin(), prompt.begin() + keep);
+    const std::vector<llama_token> rest(prompt.begin() + keep, prompt.end());
     llama_memory_t mem = llama_get_memory(ctx_.get());
-    // On every way out the generated tokens' cells are removed: after a budget or stop token,
-    // sequence 0 holds the prefix with its logits again. An abort or a failed decode has
-    // already forgotten everything (check_abort, decode_or_throw): the next call starts clean.
+    // On every way out the rest's and the generated tokens' cells are removed: sequence 0
+    // holds the prefix again (with its logits where they were computed). An abort or a failed
+    // decode has already forgotten everything (check_abort, decode_or_throw): the next call
+    // starts clean.
     struct Cleanup {
         Engine* engine;
         llama_memory_t mem;
@@ -795,15 +806,37 @@ GenerateResult Engine::generate(const std::vector<llama_token>& prefix, int32_t 
         ~Cleanup() {
             if (!llama_memory_seq_rm(mem, 0, keep, -1)) engine->forget_all();
         }
-    } cleanup{this, mem, static_cast<llama_pos>(prefix.size())};
+    } cleanup{this, mem, static_cast<llama_pos>(keep)};
+
+    // The prompt's last row chooses the first generated token: the prefix's own logits, or the
+    // rest's last row, copied out before the next decode overwrites it.
+    std::vector<float> last;
+    const float* row = nullptr;
+    if (rest.empty()) {
+        ensure_prefix(prefix, result.stats);
+        row = prefix_logits_.data();
+    } else {
+        auto take = [&](size_t t, const float* r) {
+            if (t + 1 == rest.size()) last.assign(r, r + n_vocab_);
+        };
+        // Cold, the rest goes in the prefix's own stream of ubatches (one-piece); held, it is
+        // decoded right after the prefix's cells on sequence 0, as a restored branch.
+        if (!ensure_prefix(prefix, result.stats, false, &rest, take, 1)) {
+            auto sink = [&](size_t, size_t t, const float* r) { take(t, r); };
+            // decode_branches removes only the branch sequences: the rest stays on sequence 0.
+            decode_branches({Branch{0, &rest, 1}}, prefix.size(), sink, result.stats);
+        }
+        if (last.size() != static_cast<size_t>(n_vocab_)) {
+            throw LlamaError(kStateFailed, "no logits after the prompt");
+        }
+        row = last.data();
+    }
 
     auto start = Clock::now();
-    auto argmax = [&](const float* row) {
-        return static_cast<llama_token>(std::max_element(row, row + n_vocab_) - row);
+    auto argmax = [&](const float* r) {
+        return static_cast<llama_token>(std::max_element(r, r + n_vocab_) - r);
     };
-    // The prefix's logits stay in prefix_logits_; a generated token's row is only valid until
-    // the next decode, and is read (argmax) before it.
-    const float* row = prefix_logits_.data();
+    // A generated token's row is only valid until the next decode, and is read (argmax) before.
     Batch batch(1, 1);
     for (int32_t k = 0; k < max_tokens; ++k) {
         const llama_token next = argmax(row);
@@ -815,7 +848,7 @@ GenerateResult Engine::generate(const std::vector<llama_token>& prefix, int32_t 
         result.tokens.push_back(next);
         if (k + 1 == max_tokens) break;  // the budget is spent: no row after it is read
         batch.clear();
-        batch.add(next, static_cast<llama_pos>(prefix.size() + k), 0, true);
+        batch.add(next, static_cast<llama_pos>(prompt.size() + k), 0, true);
         decode_or_throw(batch, "a generated token");
         ++result.stats.decode_calls;
         ++result.stats.suffix_tokens;

@@ -113,7 +113,7 @@ struct TreeResult {
 struct GenerateResult {
     std::vector<llama_token> tokens;  // generated, the token that stopped them excluded
     llama_token stop = -1;  // the end-of-generation or stop token that ended them; -1: budget
-    ScoreStats stats;       // prefill: the prefix; suffix: the generated tokens' decodes
+    ScoreStats stats;  // prefill: the held prefix; suffix: the prompt's rest and the generation
 };
 
 // Branch suffixes start on KV cells that are multiples of this (see decode_branches): the
@@ -158,14 +158,19 @@ public:
     TreeResult score_tree(const std::vector<llama_token>& prefix,
                           const std::vector<llama_token>& suffix, const TokenTree& tree);
 
-    // Greedy generation after the prefix (the deliberate readout): the prefix evaluated on
-    // sequence 0 with its last-position logits (reused when sequence 0 holds exactly it), then
-    // one token per llama_decode, each the argmax over the whole vocabulary, until an
-    // end-of-generation token, a stop id or max_tokens tokens. The generated tokens' cells are
-    // removed again: sequence 0 holds the prefix and its logits afterwards, as after score().
+    // Greedy generation after the prompt (the deliberate readout): one token per llama_decode,
+    // each the argmax over the whole vocabulary, until an end-of-generation token, a stop id or
+    // max_tokens tokens. held = 0: the prompt is evaluated on sequence 0 with its last-position
+    // logits (reused when sequence 0 holds exactly it) and stays held afterwards, with its
+    // logits. 0 < held < prompt.size() (a multiple of cell_align): only the prompt's first
+    // `held` tokens are the prefix, evaluated (or reused) as score() evaluates a prefix in
+    // restore mode, the rest decoded after it as a restored branch; those tokens stay held
+    // afterwards, so prompts that share them (a question's option orders) evaluate them once.
+    // Either way the prompt's last row is its one-piece evaluation's (the aligned split, see
+    // decode_branches) and the generated tokens' cells are removed again.
     // Honours the abort flag like score() (between tokens and inside each decode).
-    GenerateResult generate(const std::vector<llama_token>& prefix, int32_t max_tokens,
-                            const std::vector<llama_token>& stop_ids);
+    GenerateResult generate(const std::vector<llama_token>& prompt, int32_t max_tokens,
+                            const std::vector<llama_token>& stop_ids, size_t held = 0);
 
     // The state of sequence 0 (the current prefix): its size, then the bytes into a buffer the
     // caller owns (Python allocates it once, as the bytes object it keeps).

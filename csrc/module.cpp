@@ -226,14 +226,18 @@ PYBIND11_MODULE(_engine, m) {
              "does in restore mode) and of ids[i] at each tree node i, with the "
              "full-vocabulary logsumexp at each.")
         .def("generate",
-             [](Engine& e, const Tokens& prefix, int32_t max_tokens, const Tokens& stop_ids) {
-                 auto r = unlocked([&] { return e.generate(prefix, max_tokens, stop_ids); });
+             [](Engine& e, const Tokens& prompt, int32_t max_tokens, const Tokens& stop_ids,
+                size_t held) {
+                 auto r = unlocked([&] { return e.generate(prompt, max_tokens, stop_ids, held); });
                  return py::make_tuple(r.tokens, r.stop, stats_dict(r.stats));
              },
-             py::arg("prefix"), py::arg("max_tokens"), py::arg("stop_ids") = Tokens{},
-             "Greedy tokens after the prefix (argmax over the vocabulary), at most max_tokens, "
+             py::arg("prompt"), py::arg("max_tokens"), py::arg("stop_ids") = Tokens{},
+             py::arg("held") = 0,
+             "Greedy tokens after the prompt (argmax over the vocabulary), at most max_tokens, "
              "ended by an end-of-generation token or a stop id; the token that ended them (-1: "
-             "the budget) and timing stats. Sequence 0 holds the prefix afterwards.")
+             "the budget) and timing stats. Sequence 0 holds the prompt afterwards, or with "
+             "held > 0 (a multiple of cell_align, shorter than the prompt) its first held "
+             "tokens: the prefix that prompts sharing it reuse.")
         .def("get_prefix_state", [](Engine& e) {
                  // Written straight into a new bytes object: one copy, made without the GIL.
                  const size_t size = unlocked([&] { return e.prefix_state_size(); });

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bench import readouts
+from bench import readouts, readouts_rows
 from bench.readouts_stats import ece, paired_bootstrap, percentile, wilson
 from semif_proxy.calibration.temperature import ece as package_ece
 
@@ -254,6 +254,25 @@ def test_runner_writes_rows_and_summary_and_resumes(tmp_path: Path, model_path: 
     )
     timing = row["engine_timing"]
     assert 1 <= timing["generated_tokens"] <= 64 and timing["generation_seconds"] > 0
+
+    # A deliberate row answered before the reasoning came after the shared prefix (no
+    # engine_cost): its numbers count, its seconds do not, and --recold asks it again, with the
+    # same numbers (the change is exact).
+    assert row["engine_cost"] == 2 and readouts_rows.timed(row)
+    stale = {k: v for k, v in row.items() if k != "engine_cost"}
+    assert not readouts_rows.timed(stale) and readouts_rows.timed(dict(stale, engine_cost=2))
+    rows_file.write_text(rows_file.read_text() + json.dumps(stale) + "\n")
+    assert readouts.main([*picked, "--summary"]) == 0
+    summary = json.loads((out / "readouts-mini.json").read_text())
+    run = summary["runs"]["deliberate@1"]["by"]["all"]["all"]
+    assert run["n"] == 1 and run["latency_p50"] is None  # counted, not timed
+    assert run["vs_letters"]["pairs"] == 1 and run["vs_letters"]["cost_pairs"] == 0
+    lines = len(rows_file.read_text().splitlines())
+    assert readouts.main([*picked, "--recold"]) == 0
+    redone = [json.loads(x) for x in rows_file.read_text().splitlines()]
+    assert len(redone) == lines + 1 and redone[-1]["engine_cost"] == 2
+    assert redone[-1]["probabilities"] == stale["probabilities"]
+    assert redone[-1]["engine_timing"]["generated_tokens"] == timing["generated_tokens"]
 
 
 def test_recold_does_not_copy_a_twin_row_that_was_not_timed_cold(tmp_path: Path) -> None:

@@ -95,6 +95,56 @@ def test_deliberate_letters_equal_the_whole_texts_one_piece_evaluation(
     assert again["option_logits"] == results[1]["option_logits"]
 
 
+def test_option_orders_share_the_state_and_reason_as_their_one_piece_prompts(
+    decision_engine: DecisionEngine,
+) -> None:
+    """A question asked in every option order (permutations): each order's reasoning comes
+    after the state's prefix evaluated once, and is token for token what the order's whole
+    prompt, evaluated in one piece from a cleared engine, makes the model write."""
+    core = decision_engine.core
+    descriptions = [d for _, d in OPTIONS]
+    orders = [descriptions[k:] + descriptions[:k] for k in range(len(descriptions))]
+    rendered = [
+        render_decision(decision_engine.template, STATE, "Which queue?", o, DELIBERATE_LABELS)
+        for o in orders
+    ]
+    prompts = [decision_engine.tokenize_prompt(r.text) for r in rendered]
+    state = decision_engine.tokenize_prompt(rendered[0].state_prefix)
+    prefix, _ = decision_engine.split(state, prompts)
+    held = len(prefix)
+    assert held > 0 and held % core.cell_align == 0
+    budget = 24
+    reference = []
+    for p in prompts:
+        core.reset()
+        reference.append(list(core.generate(p, budget, [])[0]))
+    core.reset()
+    start = core.tokens_evaluated
+    made = [core.generate(p, budget, [], held) for p in prompts]
+    assert [list(tokens) for tokens, _, _ in made] == reference
+    # The prefix once (fresh, then held), each order's rest, each generated token but a
+    # budget's last (nothing reads what follows it).
+    assert [stats["prefix_reused"] for _, _, stats in made] == [0, held, held]
+    decoded = sum(len(t) - (stop == -1 and len(t) > 0) for t, stop, _ in made)
+    assert core.tokens_evaluated - start == held + sum(len(p) - held for p in prompts) + decoded
+    assert list(core.prefix_tokens) == prompts[0][:held]  # held for the next question on it
+    # Through the engine's own path (and from a cleared state, so the prefix goes into the
+    # cache as letters' does): a decision asked in every order writes the same reasoning.
+    core.reset()
+    decision_engine.cache.clear()
+    asked = decision("rotated", deliberation_tokens=budget, return_reasoning=True)
+    [rotated], timing = decide(decision_engine, [asked.model_copy(update={"permutations": 3})],
+                               ["decision"])  # fmt: skip
+    assert timing["generated_tokens"] == sum(len(t) for t in reference)
+    own = b"".join(core.token_piece(t) for t in reference[0]).decode("utf-8", "ignore")
+    assert rotated["deliberation"]["text"] == own  # the request's own order's
+    # Off the cell grid, or the whole prompt held: refused before any work.
+    for wrong in (1, len(prompts[0])):
+        with pytest.raises(native.LlamaError) as err:
+            core.generate(prompts[0], 1, [], wrong)
+        assert err.value.code == native.ERR_BAD_ARGUMENT
+
+
 def test_the_budget_and_the_end_of_turn_end_the_reasoning(
     decision_engine: DecisionEngine,
 ) -> None:

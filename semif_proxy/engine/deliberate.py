@@ -3,16 +3,20 @@ reasoning after a letters prompt that asks for it (greedy, in the engine: Engine
 ANSWER_CUE is appended, and the option letters are read after it as the letters readout reads
 them (the same letter tokens, softmax and temperature).
 
-- The reasoning is generated from each question's whole prompt evaluated in one piece, never
-  after a held shared prefix, so the text does not depend on what the engine held before.
+- The reasoning is generated after each question's whole prompt as the letters path
+  evaluates it: the proven, aligned split after the state (scoring.py), the prefix evaluated
+  once (or reused, or restored from the prefix cache) and each question's rest decoded after
+  it. The prompt's last row is then its one-piece evaluation's, bit for bit on the CPU, so the
+  text does not depend on what the engine held before; and a question asked in k option
+  orders (permutations) evaluates its state once instead of k times.
 - The letters are read from prompt + reasoning + cue as one text, tokenized as llama-server
   tokenizes it, through the letters path itself (scoring.py: the proven, aligned split after
   the state, each question's rest a restore-mode branch). Its numbers are that text's
   one-piece evaluation, bit for bit on the CPU (tests/test_deliberate.py).
 
-Cost: per question one prompt evaluation and one forward pass per generated token, then the
-letters read over the longer text. A part of DecisionEngine (worker.py), which holds what
-these read.
+Cost: the state's prefix once, per question its rest and one forward pass per generated
+token, then the letters read over the longer text (after the same prefix, still held). A
+part of DecisionEngine (worker.py), which holds what these read.
 """
 
 from __future__ import annotations
@@ -51,6 +55,7 @@ class DeliberateScoring:
 
         def tokenize_prompt(self, text: str) -> list[int]: ...
         def split(self, state_tokens: list[int], fulls: Sequence[list[int]]) -> Any: ...
+        def _cached(self, prefix: list[int], call: Any) -> Any: ...
         def _evaluate_letters_group(
             self, plan: GroupPlan
         ) -> tuple[list[Scored], dict[str, Any]]: ...
@@ -124,9 +129,9 @@ class DeliberateScoring:
         state_tokens = self.tokenize_prompt(head)
         prefix, boundary = self.split(state_tokens, fulls)
         budgets = [q.deliberation_tokens for q in questions]
-        evaluated = sum(len(f) + n for f, n in zip(fulls, budgets))
-        evaluated += len(prefix) + sum(
-            len(f) - len(prefix) + n + cue for f, n in zip(fulls, budgets)
+        # The generation and the read each evaluate the prefix at most once.
+        evaluated = 2 * len(prefix) + sum(
+            2 * (len(f) - len(prefix) + n) + cue for f, n in zip(fulls, budgets)
         )
         return GroupPlan(
             questions, rendered, fulls, state_tokens, prefix, boundary, [None] * len(questions),
@@ -135,7 +140,8 @@ class DeliberateScoring:
 
     def _evaluate_deliberate_group(self, plan: GroupPlan) -> tuple[list[Scored], dict[str, Any]]:
         start = time.perf_counter()
-        made = [self._deliberate(q, f) for q, f in zip(plan.questions, plan.fulls)]
+        held = len(plan.prefix)
+        made = [self._deliberate(q, f, held) for q, f in zip(plan.questions, plan.fulls)]
         generation = time.perf_counter() - start
         read = [
             RenderedPrompt(r.text + d.text + ANSWER_CUE, r.state_prefix)
@@ -149,9 +155,13 @@ class DeliberateScoring:
         )  # fmt: skip
         scored, timing = self._evaluate_letters_group(letters)
         # The tokens it evaluated, not the most it could have (what the plan checked against
-        # the budget): each prompt whole and what it generated, then the read.
-        read_tokens = len(prefix) + sum(len(f) - len(prefix) for f in finals)
-        generated = sum(len(f) + d.tokens for f, (d, _) in zip(plan.fulls, made))
+        # the budget): each prompt but the prefix it reused and what it generated, then the
+        # read (its prefix too unless still held).
+        read_tokens = len(prefix) - timing.get("reused", 0)
+        read_tokens += sum(len(f) - len(prefix) for f in finals)
+        generated = sum(
+            len(f) - stats["prefix_reused"] + d.tokens for f, (d, stats) in zip(plan.fulls, made)
+        )
         timing["evaluated_tokens"] = generated + read_tokens
         for _, stats in made:
             timing["prefill_seconds"] += stats["prefill_seconds"]
@@ -166,10 +176,19 @@ class DeliberateScoring:
         ]
         return out, timing
 
-    def _deliberate(self, q: Question, prompt: list[int]) -> tuple[Deliberation, dict[str, Any]]:
-        """The model's greedy reasoning after its prompt, cut at its end of turn or the budget."""
+    def _deliberate(
+        self, q: Question, prompt: list[int], held: int
+    ) -> tuple[Deliberation, dict[str, Any]]:
+        """The model's greedy reasoning after its prompt, cut at its end of turn or the budget;
+        the prompt's first `held` tokens (the group's aligned prefix; 0: none) evaluated once
+        for every question of the group, through the prefix cache like the letters read."""
         stop = [self.numbers.end] if self.numbers.end >= 0 else []
-        tokens, ended_by, stats = self.core.generate(prompt, q.deliberation_tokens, stop)
+
+        def call() -> tuple[tuple[list[int], int], dict[str, Any]]:
+            tokens, ended_by, stats = self.core.generate(prompt, q.deliberation_tokens, stop, held)
+            return (tokens, ended_by), stats
+
+        (tokens, ended_by), stats = self._cached(prompt[:held], call) if held else call()
         data = b"".join(self.core.token_piece(t) for t in tokens)
         # The budget may cut a character's bytes short: that incomplete end is left out.
         text = data.decode("utf-8", "ignore")
