@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from semif_proxy.api import systemone
-from semif_proxy.api.decisions import decide, parse_request
+from semif_proxy.api.decisions import decide, evaluate, parse_request
 from semif_proxy.api.schemas import Decision, Option
 from semif_proxy.engine import native
 from semif_proxy.engine.prompt import render_decision
@@ -128,16 +128,27 @@ def test_option_orders_share_the_state_and_reason_as_their_one_piece_prompts(
     decoded = sum(len(t) - (stop == -1 and len(t) > 0) for t, stop, _ in made)
     assert core.tokens_evaluated - start == held + sum(len(p) - held for p in prompts) + decoded
     assert list(core.prefix_tokens) == prompts[0][:held]  # held for the next question on it
-    # Through the engine's own path (and from a cleared state, so the prefix goes into the
-    # cache as letters' does): a decision asked in every order writes the same reasoning.
+    # Through the engine's own path, from a cleared engine and prefix cache: each order's
+    # reasoning as above; the state's prefix evaluated once, kept for the letters read, and the
+    # tokens reported are the ones the engine evaluated. Asked again it reuses the held prefix;
+    # after a reset it restores it from the prefix cache: the same reasoning every time.
+    texts = [b"".join(core.token_piece(t) for t in r).decode("utf-8", "ignore") for r in reference]
+    finals = [decision_engine.tokenize_prompt(r.text + t + CUE) for r, t in zip(rendered, texts)]
+    cold = held + sum(len(p) - held for p in prompts) + decoded
+    cold += sum(len(f) - held for f in finals)  # the read, after the prefix still held
+    rotated = decision("rotated", deliberation_tokens=budget).model_copy(update={"permutations": 3})
     core.reset()
     decision_engine.cache.clear()
-    asked = decision("rotated", deliberation_tokens=budget, return_reasoning=True)
-    [rotated], timing = decide(decision_engine, [asked.model_copy(update={"permutations": 3})],
-                               ["decision"])  # fmt: skip
-    assert timing["generated_tokens"] == sum(len(t) for t in reference)
-    own = b"".join(core.token_piece(t) for t in reference[0]).decode("utf-8", "ignore")
-    assert rotated["deliberation"]["text"] == own  # the request's own order's
+    for again, (reused, hit) in enumerate([(0, False), (held, False), (held, True)]):
+        if again == 2:
+            core.reset()  # the engine forgot it; the prefix cache holds it
+        start = core.tokens_evaluated
+        _, evaluation = evaluate(decision_engine, [rotated], ["decision"])
+        assert [s.deliberation.text for s in evaluation.scored] == texts
+        assert evaluation.evaluated_tokens == core.tokens_evaluated - start
+        assert evaluation.evaluated_tokens == cold - (held if again else 0)
+        assert evaluation.timing["prefix_reused_tokens"] == reused
+        assert evaluation.timing["prefix_cache_hit"] is hit
     # Off the cell grid, or the whole prompt held: refused before any work.
     for wrong in (1, len(prompts[0])):
         with pytest.raises(native.LlamaError) as err:

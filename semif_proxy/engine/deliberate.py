@@ -155,14 +155,20 @@ class DeliberateScoring:
         )  # fmt: skip
         scored, timing = self._evaluate_letters_group(letters)
         # The tokens it evaluated, not the most it could have (what the plan checked against
-        # the budget): each prompt but the prefix it reused and what it generated, then the
-        # read (its prefix too unless still held).
-        read_tokens = len(prefix) - timing.get("reused", 0)
+        # the budget): each prompt but the prefix it reused, each generated token but a
+        # budget's last (nothing reads what follows it), then the read (its prefix too unless
+        # still held, as it is after the generation).
+        read_tokens = len(prefix) - timing["prefix_reused_tokens"]
         read_tokens += sum(len(f) - len(prefix) for f in finals)
         generated = sum(
-            len(f) - stats["prefix_reused"] + d.tokens for f, (d, stats) in zip(plan.fulls, made)
+            len(f) - stats["prefix_reused"] + d.tokens - (d.tokens > 0 and not d.ended)
+            for f, (d, stats) in zip(plan.fulls, made)
         )
         timing["evaluated_tokens"] = generated + read_tokens
+        # The request found the prefix as its first evaluation, the generation, found it.
+        first = made[0][1]
+        timing["prefix_reused_tokens"] = first["prefix_reused"]
+        timing["prefix_cache_hit"] = bool(first.get("prefix_cache_hit", False))
         for _, stats in made:
             timing["prefill_seconds"] += stats["prefill_seconds"]
             timing["suffix_seconds"] += stats["suffix_seconds"]
