@@ -35,13 +35,14 @@ from pathlib import Path
 from typing import Any
 
 from bench.readouts_rows import (
+    ENGINE_NUMBERS,
+    current,
     engine_cost,
     fingerprint,
     read_rows,
     rewrite,
     row_key,
     superseded,
-    timed,
 )
 from semif_proxy.engine.bias import is_pmi
 from semif_proxy.eval.jevbench import Task, label_probabilities, predicted_label, read_tasks
@@ -154,10 +155,11 @@ def copied(
 ) -> dict | None:
     """The twin config's row of this task, as this config's (the same request: asking it
     again would give the same numbers), or None where there is none yet; with `cold`, none
-    whose seconds do not count either (readouts_rows.timed: --recold asks it itself)."""
+    whose numbers or seconds are not the engine's now either (readouts_rows.current: --recold
+    asks it itself)."""
     other = twin(config, task.kind)
     row = rows.get((other, spec, task.file, task.id)) if other else None
-    if row is None or "error" in row or (cold and not timed(row)):
+    if row is None or "error" in row or (cold and not current(row)):
         return None
     return row | {"config": config, "copied_from": other}
 
@@ -193,6 +195,7 @@ def answer_row(engine: Any, task: Task, config: str, spec: str) -> dict[str, Any
         "expected": task.expected,
         "cold": True,  # cold_start: comparable times across configs
         "engine_cost": engine_cost(config),
+        "engine_numbers": ENGINE_NUMBERS,
     }
     service = services.SERVICES["systemone"]
     cold_start(engine)
@@ -312,7 +315,7 @@ def run(args: argparse.Namespace, out: Path) -> int:
             for t in chosen
             if (*run, t.file, t.id) not in rows
             or "error" in rows[(*run, t.file, t.id)]
-            or (args.recold and not timed(rows[(*run, t.file, t.id)]))
+            or (args.recold and not current(rows[(*run, t.file, t.id)]))
         ]
         for run in runs
     }
@@ -395,9 +398,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--recold",
         action="store_true",
-        help="ask again the rows whose seconds do not count in cost: not timed from a cold "
-        "state, or timed before the engine's work for their readout changed "
-        "(bench/readouts_rows.py ENGINE_COSTS); the new row follows the old one and wins",
+        help="ask again the rows whose seconds do not count in cost (not timed from a cold "
+        "state, or before the engine's work for their readout changed) or whose numbers "
+        "predate the engine's (bench/readouts_rows.py ENGINE_COSTS, ENGINE_NUMBERS); the new "
+        "row follows the old one and wins",
     )
     parser.add_argument("--summary", action="store_true", help="only rewrite the summary")
     parser.add_argument("--docs", action="store_true", help="only write docs/readouts.md")

@@ -68,6 +68,8 @@ def section(s: dict[str, Any]) -> list[str]:
         a = r["by"]["all"]["all"]
         splits = [_acc(r["by"].get(k, {}).get("all")) for k in ("easy", "original", "hard")]
         failed = f" ({r['failed']} failed)" if r["failed"] else ""
+        if r.get("older_numbers"):
+            failed += f" ({r['older_numbers']} older numbers)"
         out.append(
             f"| {r['config']}{failed} | {r['permutations']} | {_acc(a)} | {' | '.join(splits)} | "
             f"{_diff(a)} | {a['ece']:.3f} | {_ms(a['latency_p50'])} | {_ms(a['latency_p95'])} | "
@@ -242,8 +244,13 @@ def page(all_summaries: list[dict[str, Any]], failing: list[str] | None = None) 
         "the rows: no prefix held, the prefix cache cleared; the n after it counts them) on the "
         "engine the readout has now (`engine_cost` in the rows; deliberate's reasoning has "
         "come after the state's shared prefix since engine cost 2); other rows count in "
-        "accuracy (their numbers are the same, tested), not in cost or latency: `--recold` "
-        "asks them again; ECE: 10 equal-width bins of the predicted label's probability",
+        "accuracy, not in cost or latency: `--recold` asks them again; ECE: 10 equal-width "
+        "bins of the predicted label's probability",
+        "- older numbers: rows answered before 2026-12-05 whose evaluation went after a held "
+        "prefix (continuation's options, option orders after the first, deliberate's read), "
+        "when a question after a held prefix was not yet cut into ubatches where its one-piece "
+        "evaluation is (`engine_numbers` in the rows; on Qwen2.5 Q4_K_M a logit moved by up to "
+        "0.33, on SmolLM2 none): they count as they are until `--recold` asks them again",
         "- each row is timed at its own load (load1); a run shares the machine with nothing "
         "else it starts, but what else ran at the time is the operator's",
         "",

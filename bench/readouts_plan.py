@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterable
 from statistics import fmean
 from typing import Any
 
-from bench.readouts_rows import current_engine, engine_cost, timed
+from bench.readouts_rows import ENGINE_NUMBERS, current, current_engine, engine_cost
 
 Copier = Callable[..., "dict | None"]
 
@@ -26,7 +26,8 @@ def remaining(
     stands in, one already there or one an earlier run of this order will write), left and
     minutes (None where a split with tasks left has no row of that run to time it by, nor
     rows of it and of letters to scale letters' seconds there by). With `recold`, as
-    --recold: a row whose seconds do not count (readouts_rows.timed) is asked again."""
+    --recold: a row whose numbers or seconds are not the engine's now (readouts_rows.current)
+    is asked again."""
     tasks = list(tasks)
     # The rows this order would write (as run() does), for later twins to copy; the rows
     # themselves stay as they are, to time the tasks by.
@@ -39,14 +40,20 @@ def remaining(
         for t in tasks:
             key = (config, spec, t.file, t.id)
             row = rows.get(key)
-            if row is not None and "error" not in row and not (recold and not timed(row)):
+            if row is not None and "error" not in row and not (recold and not current(row)):
                 asked += 1
             elif copied(held, t, config, spec, recold) is not None:
                 copies += 1
             else:
                 left[t.file] = left.get(t.file, 0) + 1
                 # Asked by this run (untimed here: no seconds), so a later twin copies it.
-                planned[key] = {"config": config, "cold": True, "engine_cost": engine_cost(config)}
+                planned[key] = {
+                    "config": config,
+                    "permutations": spec,
+                    "cold": True,
+                    "engine_cost": engine_cost(config),
+                    "engine_numbers": ENGINE_NUMBERS,
+                }
         minutes: float | None = 0.0
         for split, n in left.items():
             per_task = _seconds(rows, config, spec, split)

@@ -35,6 +35,31 @@ def current_engine(row: dict[str, Any]) -> bool:
     return row.get("engine_cost", 1) >= engine_cost(source)
 
 
+# Where the engine's numbers changed: every row answered now carries ENGINE_NUMBERS
+# (`engine_numbers`; a row without one: 1). 2 (2026-12-05): a question after a held prefix is
+# cut into ubatches where its one-piece stream is cut, and a short one filled to 8 rows; on
+# Qwen2.5 Q4_K_M its logits had moved by up to 0.33 against the one-piece evaluation before
+# (SmolLM2 Q4_1: bit-identical before too). Rows answered before whose evaluation went after a
+# held prefix (continuation's options, every option order after the first, deliberate's read
+# since engine cost 2) carry the old numbers; the others were one-piece, as now.
+ENGINE_NUMBERS = 2
+
+
+def numbers_current(row: dict[str, Any]) -> bool:
+    """Whether a row's numbers are what the engine gives now."""
+    if row.get("engine_numbers", 1) >= ENGINE_NUMBERS:
+        return True
+    readout = readout_of(row.get("copied_from") or row["config"])
+    held = readout == "continuation" or str(row.get("permutations", "1")) != "1"
+    held = held or (readout == "deliberate" and row.get("engine_cost", 1) >= 2)
+    return not held
+
+
+def current(row: dict[str, Any]) -> bool:
+    """Whether a row stays under --recold: its numbers and its seconds are the engine's now."""
+    return timed(row) and numbers_current(row)
+
+
 def timed(row: dict[str, Any]) -> bool:
     """Whether a row's seconds count: timed from a cold state (bench/readouts.py cold_start) on
     the engine its readout has now."""

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.readouts import CONFIGS, NAMES
-from bench.readouts_rows import read_rows, timed
+from bench.readouts_rows import numbers_current, read_rows, timed
 from bench.readouts_stats import RESAMPLES, SEED, ece, paired_bootstrap, percentile, wilson
 
 SPLIT_ORDER = ("easy", "original", "hard")
@@ -172,6 +172,8 @@ def summarise(rows: list[dict[str, Any]], header: dict[str, Any] | None, tag: st
                 "failed": len(failed),
                 "errors": sorted({r["error"] for r in failed})[:5],
                 "copied": sum("copied_from" in r for r in mine),
+                # Rows whose numbers predate the engine's (readouts_rows.ENGINE_NUMBERS).
+                "older_numbers": sum(not numbers_current(r) for r in mine),
                 "applied": dict(sorted(Counter(r["applied"] for r in mine).items())),
                 "readouts_echoed": sorted({str(r.get("readout")) for r in mine}),
                 "seconds_total": sum(r["seconds"] for r in mine),

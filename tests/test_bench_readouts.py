@@ -258,7 +258,8 @@ def test_runner_writes_rows_and_summary_and_resumes(tmp_path: Path, model_path: 
     # A deliberate row answered before the reasoning came after the shared prefix (no
     # engine_cost): its numbers count, its seconds do not, and --recold asks it again, with the
     # same numbers (the change is exact).
-    assert row["engine_cost"] == 2 and readouts_rows.timed(row)
+    assert row["engine_cost"] == 2 and readouts_rows.timed(row) and readouts_rows.current(row)
+    assert row["engine_numbers"] == readouts_rows.ENGINE_NUMBERS
     stale = {k: v for k, v in row.items() if k != "engine_cost"}
     assert not readouts_rows.timed(stale) and readouts_rows.timed(dict(stale, engine_cost=2))
     rows_file.write_text(rows_file.read_text() + json.dumps(stale) + "\n")
@@ -545,3 +546,24 @@ def test_the_server_reads_a_continuation_as_the_evidence_chose() -> None:
 
     summary = json.loads((ROOT / "bench" / "results" / "readouts-qwen2.5-1.5b.json").read_text())
     assert chosen_normalization(summary["runs"]) in (None, DEFAULT_NORMALIZATION)
+
+
+def test_rows_that_went_after_a_held_prefix_before_the_ubatch_cut_carry_older_numbers() -> None:
+    """Rows answered before ENGINE_NUMBERS 2 keep their numbers only where their evaluation
+    was one-piece (one order, no branch after a held prefix); --recold asks the others."""
+    from bench.readouts_rows import ENGINE_NUMBERS, current, numbers_current
+
+    one = {"config": "letters", "permutations": "1", "split": "s", "id": "t", "cold": True}
+    assert numbers_current(one) and current(one)
+    assert numbers_current({**one, "config": "direct+contextual"})
+    assert numbers_current({**one, "config": "deliberate"})  # read in one piece then
+    assert not current({**one, "config": "deliberate"})  # but timed before the shared prefix
+    for older in (
+        {**one, "config": "continuation-pmi"},  # each option a branch after the prefix
+        {**one, "permutations": "N"},  # every order after the first
+        {**one, "config": "deliberate", "engine_cost": 2},  # the read after the held prefix
+        {**one, "config": "per-type", "copied_from": "continuation-sum"},
+    ):
+        assert not numbers_current(older) and not current(older)
+        assert numbers_current({**older, "engine_numbers": ENGINE_NUMBERS})
+    assert current({**one, "config": "deliberate", "engine_cost": 2, "engine_numbers": 2})
