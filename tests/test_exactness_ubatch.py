@@ -15,6 +15,9 @@ import pytest
 
 from semif_proxy.engine.worker import DecisionEngine
 from semif_proxy.settings import load_settings
+from tests.conftest import GPU_LAYERS
+
+TOL = 0 if GPU_LAYERS == 0 else 1e-3  # GPU kernels are not bit-exact
 
 TEXT = " ".join(
     f"Line {i}: parcel {1000 + 37 * i} left depot {i % 7} at {i % 24}:15 and reached hub "
@@ -45,7 +48,9 @@ def assert_held_equals_cold(engine: DecisionEngine) -> int:
             cold, _, first = core.score(prefix, [suffix], ids, "restore")
             held, _, again = core.score(prefix, [suffix], ids, "restore")
             assert (first["prefix_reused"], again["prefix_reused"]) == (0, start)
-            np.testing.assert_array_equal(held, cold, err_msg=f"prefix {start}, prompt {end}")
+            np.testing.assert_allclose(
+                held, cold, atol=TOL, rtol=0, err_msg=f"prefix {start}, prompt {end}"
+            )
             compared += 1
     return compared
 
