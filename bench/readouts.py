@@ -228,6 +228,9 @@ def answer_row(engine: Any, task: Task, config: str, spec: str) -> dict[str, Any
         | {k: timing[k] for k in DELIBERATE_TIMING if k in timing},
         "input_tokens": answered.input_tokens,
         "load1": load1,
+        # The weights' layout SEMIF_REPACK=auto chose for this engine (timed at its start, per
+        # build: it has differed between builds here), whose kernels sum in another order.
+        "repacked": bool(engine.model_info.get("repack", {}).get("on")),
     }
 
 

@@ -260,6 +260,7 @@ def test_runner_writes_rows_and_summary_and_resumes(tmp_path: Path, model_path: 
     # same numbers (the change is exact).
     assert row["engine_cost"] == 2 and readouts_rows.timed(row) and readouts_rows.current(row)
     assert row["engine_numbers"] == readouts_rows.ENGINE_NUMBERS
+    assert isinstance(row["repacked"], bool)  # the layout it was answered on
     stale = {k: v for k, v in row.items() if k != "engine_cost"}
     assert not readouts_rows.timed(stale) and readouts_rows.timed(dict(stale, engine_cost=2))
     rows_file.write_text(rows_file.read_text() + json.dumps(stale) + "\n")
