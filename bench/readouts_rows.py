@@ -50,6 +50,8 @@ def numbers_current(row: dict[str, Any]) -> bool:
     if row.get("engine_numbers", 1) >= ENGINE_NUMBERS:
         return True
     readout = readout_of(row.get("copied_from") or row["config"])
+    if readout == "per-type":  # asked itself: as the readout its question type applied
+        readout = readout_of(str(row.get("applied", "")))
     held = readout == "continuation" or str(row.get("permutations", "1")) != "1"
     held = held or (readout == "deliberate" and row.get("engine_cost", 1) >= 2)
     return not held

@@ -449,17 +449,17 @@ void Engine::decode_branches(const std::vector<Branch>& branches, size_t prefix_
     // One suffix on sequence 0 after an aligned prefix (restore mode, the CPU path; an
     // unaligned one is off the one-piece layout anyway) is cut into ubatches where its
     // one-piece evaluation's stream is cut: at multiples of the ubatch size from position 0.
-    // The rows in a last ubatch of a few tokens sum in another order than the same rows in a
-    // long one (Qwen2.5 Q4_K_M, 2026-12-05: a prompt 1-7 tokens past the ubatch moved letter
-    // logits by up to 0.33 after a held prefix); cut where the one-piece stream is, that last
-    // ubatch holds the same tokens either way. The first ubatch starts at an aligned cell, so
-    // it holds at least cell_align tokens where the one-piece stream's holds the whole width.
+    // The rows of a last ubatch of a few tokens come out otherwise than the same rows in a
+    // long one (Qwen2.5 Q4_K_M, 2026-12-05: a prompt 1-7 tokens past the ubatch moved logits
+    // by up to 0.33 after a held prefix; measured, not explained); cut where the one-piece
+    // stream is, that last ubatch holds the same tokens either way. The first ubatch starts at
+    // an aligned cell, so it holds at least cell_align tokens. Not covered: a question of
+    // fewer than 8 tokens in all (see docs/method.md, "Shared state and exactness").
     const size_t step = static_cast<size_t>(std::min(n_batch_, n_ubatch_));
-    // Fewer rows than this in a ubatch sum in another order (matrix-vector kernels, partial
-    // row groups of the repacked ones): measured on Qwen2.5 Q4_K_M, 1-7 rows moved, 8 did not.
-    constexpr int32_t kMinUbatchRows = 8;
-    const bool mirrored =
-        branches.size() == 1 && branches[0].seq == 0 && prefix_len % cell_align_ == 0;
+    // With a ubatch size off the cell grid (SEMIF_UBATCH_SIZE accepts any) a first piece could
+    // be shorter than a cell block: there the suffix goes in as before.
+    const bool mirrored = branches.size() == 1 && branches[0].seq == 0 &&
+                          prefix_len % cell_align_ == 0 && step % cell_align_ == 0;
     for (size_t b = 0; b < branches.size(); ++b) {
         const Branch& br = branches[b];
         const size_t pad = (cell_align_ - cells % cell_align_) % cell_align_;
@@ -481,16 +481,6 @@ void Engine::decode_branches(const std::vector<Branch>& branches, size_t prefix_
         }
         cells += toks.size();
         stats.suffix_tokens += static_cast<int32_t>(toks.size());
-        // A suffix of fewer than kMinUbatchRows tokens that its one-piece stream puts in one
-        // ubatch with the prefix's last tokens: that ubatch is a long one there, so this one is
-        // made as long with filler tokens after the suffix's (their cells come after its own;
-        // nobody attends to them). Alone, its rows would sum as a short ubatch's do.
-        if (mirrored && toks.size() == static_cast<size_t>(batch.size()) && prefix_len % step != 0) {
-            while (batch.size() < kMinUbatchRows && !batch.full()) {
-                batch.add(0, pad_pos++, pad_seq, false);
-                stats.padding_tokens += 1;
-            }
-        }
     }
     flush();
     drop_branches();

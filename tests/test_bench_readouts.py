@@ -557,6 +557,7 @@ def test_rows_that_went_after_a_held_prefix_before_the_ubatch_cut_carry_older_nu
     one = {"config": "letters", "permutations": "1", "split": "s", "id": "t", "cold": True}
     assert numbers_current(one) and current(one)
     assert numbers_current({**one, "config": "direct+contextual"})
+    assert numbers_current({**one, "config": "per-type", "applied": "letters+contextual"})
     assert numbers_current({**one, "config": "deliberate"})  # read in one piece then
     assert not current({**one, "config": "deliberate"})  # but timed before the shared prefix
     for older in (
@@ -564,6 +565,7 @@ def test_rows_that_went_after_a_held_prefix_before_the_ubatch_cut_carry_older_nu
         {**one, "permutations": "N"},  # every order after the first
         {**one, "config": "deliberate", "engine_cost": 2},  # the read after the held prefix
         {**one, "config": "per-type", "copied_from": "continuation-sum"},
+        {**one, "config": "per-type", "applied": "continuation"},  # asked itself
     ):
         assert not numbers_current(older) and not current(older)
         assert numbers_current({**older, "engine_numbers": ENGINE_NUMBERS})
