@@ -37,10 +37,11 @@ def current_engine(row: dict[str, Any]) -> bool:
 
 # Where the engine's numbers changed: every row answered now carries ENGINE_NUMBERS
 # (`engine_numbers`; a row without one: 1). 2 (2026-12-05): a question after a held prefix is
-# cut into ubatches where its one-piece stream is cut; on Qwen2.5 Q4_K_M its logits had moved by up to 0.33 against the one-piece evaluation before
-# (SmolLM2 Q4_1: bit-identical before too). Rows answered before whose evaluation went after a
-# held prefix (continuation's options, every option order after the first, deliberate's read
-# since engine cost 2) carry the old numbers; the others were one-piece, as now.
+# cut into ubatches where its one-piece stream is cut; on Qwen2.5 Q4_K_M its logits had moved
+# by up to 0.33 against the one-piece evaluation before (SmolLM2 Q4_1: bit-identical before
+# too). Rows answered before whose evaluation went after a held prefix (continuation's options,
+# every option order after the first, deliberate's read since engine cost 2) carry the old
+# numbers; the others were one-piece, as now.
 ENGINE_NUMBERS = 2
 
 
