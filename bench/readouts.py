@@ -251,13 +251,15 @@ def refused(engine: Any, chosen: list[Task], runs: list[tuple[str, str]]) -> lis
     return problems
 
 
-def load_engine(model: Path) -> Any:
+def load_engine(model: Path, repack: str = "auto") -> Any:
     from semif_proxy.engine.worker import DecisionEngine
     from semif_proxy.settings import load_settings
 
     # Every config names its own correction: none where it names none (the server's own
     # default corrects yes/no questions, which would make `letters` letters+contextual there).
-    env = {"SEMIF_BIAS_CORRECTION": "none"}
+    # The layout pinned (on/off) where a run's rows must match earlier ones bit for bit: auto's
+    # choice can flip between builds or under load, and the numbers differ between layouts.
+    env = {"SEMIF_BIAS_CORRECTION": "none", "SEMIF_REPACK": repack}
     return DecisionEngine.load(load_settings(env=env, model=str(model), chat=False))
 
 
@@ -327,7 +329,7 @@ def run(args: argparse.Namespace, out: Path) -> int:
         write_summary(rows_file, out / f"readouts-{args.tag}.json", args.tag)
         return 0
     note(f"loading {args.model.name} (load average {os.getloadavg()[0]:.1f})")
-    engine = load_engine(args.model)
+    engine = load_engine(args.model, args.repack)
     deadline = time.monotonic() + args.max_minutes * 60 if args.max_minutes else None
     stopped = False
     # A kill (SIGTERM) ends the run through `finally`: the summary still gets written.
@@ -398,6 +400,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--results-dir", type=Path, default=RESULTS, help="rows and summary")
     parser.add_argument("--max-minutes", type=float, help="stop starting tasks after this long")
     parser.add_argument("--fresh", action="store_true", help="discard the rows already there")
+    parser.add_argument(
+        "--repack",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="the weights' layout (SEMIF_REPACK): pin on or off to add rows that match earlier "
+        "ones (each row records the layout it was asked in)",
+    )
     parser.add_argument(
         "--recold",
         action="store_true",

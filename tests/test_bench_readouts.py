@@ -173,6 +173,7 @@ def test_runner_writes_rows_and_summary_and_resumes(tmp_path: Path, model_path: 
         *("--model", str(model_path), "--tag", "mini", "--permutations", "1"),
         *("--configs", "letters,continuation-mean", "--splits", "easy"),
         *("--tasks-dir", str(tasks_dir), "--results-dir", str(out)),
+        *("--repack", "off"),
     ]
     assert readouts.main(argv) == 0
     rows_file = out / "readouts-mini.jsonl"
@@ -189,6 +190,7 @@ def test_runner_writes_rows_and_summary_and_resumes(tmp_path: Path, model_path: 
         assert 0.0 <= r["p_expected"] <= r["p_predicted"] == max(r["probabilities"].values())
         assert r["seconds"] > 0 and r["input_tokens"] > 0
         assert r["split"] == "easy" and r["family"] and r["type"] in ("noul", "choice", "score")
+        assert r["repacked"] is False  # the layout as pinned (--repack off)
     assert {r["readout"] for r in rows if r["config"] == "continuation-mean"} == {
         "continuation-logprobs"
     }
@@ -245,6 +247,7 @@ def test_runner_writes_rows_and_summary_and_resumes(tmp_path: Path, model_path: 
     rows_file.write_text(before)
     at = argv.index("--configs")
     picked = [*argv[:at], *argv[at + 2 :], "--configs", "deliberate", "--families", "intent"]
+    picked += ["--repack", "on"]  # the last one given counts
     assert readouts.main(picked) == 0
     [row] = [json.loads(x) for x in rows_file.read_text().splitlines()[len(before.splitlines()) :]]
     assert (row["config"], row["id"], row["readout"]) == (
@@ -260,7 +263,7 @@ def test_runner_writes_rows_and_summary_and_resumes(tmp_path: Path, model_path: 
     # same numbers (the change is exact).
     assert row["engine_cost"] == 2 and readouts_rows.timed(row) and readouts_rows.current(row)
     assert row["engine_numbers"] == readouts_rows.ENGINE_NUMBERS
-    assert isinstance(row["repacked"], bool)  # the layout it was answered on
+    assert row["repacked"] is True  # the layout it was answered on, as pinned
     stale = {k: v for k, v in row.items() if k != "engine_cost"}
     assert not readouts_rows.timed(stale) and readouts_rows.timed(dict(stale, engine_cost=2))
     rows_file.write_text(rows_file.read_text() + json.dumps(stale) + "\n")
@@ -309,6 +312,7 @@ def test_usage_errors_exit_2(tmp_path: Path) -> None:
         ["--permutations", "0"],
         ["--tasks-dir", str(tmp_path / "x")],
         ["--families", " , "],
+        ["--repack", "maybe"],
     ):
         with pytest.raises(SystemExit) as exc:
             readouts.main(argv)
