@@ -32,7 +32,7 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 from bench.readouts_rows import (
     ENGINE_NUMBERS,
@@ -46,6 +46,7 @@ from bench.readouts_rows import (
 )
 from semif_proxy.engine.bias import is_pmi
 from semif_proxy.eval.jevbench import Task, label_probabilities, predicted_label, read_tasks
+from semif_proxy.settings.schema import Settings
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
@@ -402,8 +403,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--fresh", action="store_true", help="discard the rows already there")
     parser.add_argument(
         "--repack",
-        choices=("auto", "on", "off"),
-        default="auto",
+        choices=get_args(Settings.model_fields["repack"].annotation),  # SEMIF_REPACK's values
+        default=Settings.model_fields["repack"].default,
         help="the weights' layout (SEMIF_REPACK): pin on or off to add rows that match earlier "
         "ones (each row records the layout it was asked in)",
     )
