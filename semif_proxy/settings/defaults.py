@@ -30,10 +30,11 @@ CPU_DRAIN_GRACE_S = 5.0
 JSON_LINES_PER_JOB = 16
 # - how a decision or a System One question is read when it does not say (issue #35): its
 #   options' letters after the prompt; a continuation's normalisation: pmi (divided by the
-#   option's probability after a content-free state), the one that beats both others on
-#   Qwen2.5-Coder-1.5B over JevBench's 231 tasks with paired intervals above zero
-#   (docs/readouts.md, "Defaults from the evidence"; tests/test_bench_readouts.py holds this
-#   value to the committed evidence); no label-free bias correction. The API's `readout`,
+#   option's probability after a content-free state), the most accurate of the three on
+#   Qwen2.5-Coder-1.5B over JevBench's 231 tasks: ahead of sum with a paired interval above
+#   zero, of mean with one reaching zero, so no normalization is chosen by the rule and pmi
+#   stays (docs/readouts.md, "Defaults from the evidence"; tests/test_bench_readouts.py holds
+#   this value to the committed evidence); no label-free bias correction. The API's `readout`,
 #   `normalization` and `bias_correction`;
 DEFAULT_READOUT = "letters"
 DEFAULT_NORMALIZATION = "pmi"
