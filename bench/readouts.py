@@ -15,7 +15,8 @@ sha256, prompt versions); rows of another model or prompt are refused unless --f
 `direct` reads the model's own yes/no or level-number words and applies to noul and score
 questions only: choice questions are asked with letters under it (their rows say
 `applied: letters`; that request is the letters config's, whose row is reused where there is
-one, `copied_from`). Permutations `N` is each task's option count (every cyclic order).
+one, `copied_from`; a twin's row asked again is copied anew to the configs that copy it, in
+the same run). Permutations `N` is each task's option count (every cyclic order).
 Default server settings (`load_settings`: no SEMIF_* of the environment) but for
 SEMIF_BIAS_CORRECTION=none, so that each config is what it names; prefix cache on, as
 served. The summary (per config, split and question type: accuracy with a Wilson 95 %
@@ -163,6 +164,50 @@ def copied(
     if row is None or "error" in row or (cold and not current(row)):
         return None
     return row | {"config": config, "copied_from": other}
+
+
+def recopied(
+    rows: dict[tuple, dict], tasks: list[Task], runs: list[tuple[str, str]], cold: bool = False
+) -> list[dict]:
+    """The copies of the runs' rows that no longer equal them, copied anew (no engine work): a
+    config's copy of its twin's row (`copied_from`) would otherwise keep the twin's old numbers
+    after the twin is asked again (--recold, a prompt's new version) until the copying config
+    is run too. Followed through a copy of a copy; `rows` is updated; with `cold`, as `copied`.
+    """
+    changed, fresh = set(runs), []
+    while True:
+        added = set()
+        for name in NAMES:
+            for spec in sorted({s for _, s in changed}):
+                for task in tasks:
+                    key = (name, spec, task.file, task.id)
+                    row = rows.get(key)
+                    if row is None or (row.get("copied_from"), spec) not in changed:
+                        continue
+                    copy = copied(rows, task, name, spec, cold)
+                    if copy is not None and copy != row:
+                        rows[key] = copy
+                        fresh.append(copy)
+                        added.add((name, spec))
+        if not added:
+            return fresh
+        changed |= added
+
+
+def append_copies(
+    rows_file: Path, rows: dict[tuple, dict], tasks: list[Task], runs: list, cold: bool
+) -> None:
+    """`recopied`'s rows, appended to the rows file."""
+    from semif_proxy.progress import note
+
+    again = recopied(rows, tasks, runs, cold)
+    if not again:
+        return
+    with rows_file.open("a", encoding="utf-8") as f:
+        if not rows_file.read_bytes().endswith(b"\n"):
+            f.write("\n")  # after a line cut short
+        f.writelines(json.dumps(row) + "\n" for row in again)
+    note(f"{len(again)} copied rows copied anew: their twin's row had changed (copied_from)")
 
 
 def cold_start(engine: Any) -> None:
@@ -327,6 +372,7 @@ def run(args: argparse.Namespace, out: Path) -> int:
     }
     if not any(todo.values()):
         note(f"nothing to ask: every row is in {rows_file}")
+        append_copies(rows_file, rows, chosen, runs, args.recold)
         write_summary(rows_file, out / f"readouts-{args.tag}.json", args.tag)
         return 0
     note(f"loading {args.model.name} (load average {os.getloadavg()[0]:.1f})")
@@ -367,6 +413,7 @@ def run(args: argparse.Namespace, out: Path) -> int:
                 note(f"{config} permutations {spec}: {time.monotonic() - started:.0f} s")
                 if stopped:
                     break
+        append_copies(rows_file, rows, chosen, runs, args.recold)
     finally:
         signal.signal(signal.SIGTERM, previous)
         engine.close()

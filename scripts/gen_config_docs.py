@@ -93,8 +93,9 @@ NOTES: dict[str, dict[str, str]] = {
     "SEMIF_NORMALIZATION": {
         "more": "One name for every type, or JSON by question type as SEMIF_READOUT. It applies "
         "only to questions read by continuation (SEMIF_READOUT or the request's `readout`); a "
-        "request's own `normalization` wins. The most accurate configuration on JevBench so far "
-        'is SEMIF_READOUT=`{"choice": "continuation"}`, SEMIF_NORMALIZATION=`pmi`, '
+        "request's own `normalization` wins. The configuration with the most right answers in "
+        "Qwen2.5-Coder-1.5B's JevBench runs so far is "
+        'SEMIF_READOUT=`{"choice": "continuation"}`, SEMIF_NORMALIZATION=`pmi`, '
         'SEMIF_BIAS_CORRECTION=`{"noul": "contextual", "score": "contextual"}`, at a cost '
         "(docs/readouts.md).",
     },
@@ -102,7 +103,7 @@ NOTES: dict[str, dict[str, str]] = {
         "more": "`none` or `contextual` (the answers after a content-free state divided out); one "
         "name for every type, or JSON by question type as SEMIF_READOUT (one name, or a JSON "
         "`default`, also replaces yes/no's `contextual`). Yes/no questions are corrected by "
-        "default: +13.5 pt on JevBench's 74 at 1.20x the latency (docs/readouts.md). Deliberate "
+        "default: the one correction that meets issue #35's rule (docs/readouts.md). Deliberate "
         "questions stay uncorrected. A request's own `bias_correction` wins (docs/readouts.md); "
         "`batch` is asked per request only (docs/api.md).",
     },

@@ -204,15 +204,31 @@ def test_runner_writes_rows_and_summary_and_resumes(tmp_path: Path, model_path: 
     assert rows_file.read_text() == before
 
     # --recold asks again only a row that was not timed cold (rows from before cold starts);
-    # the engine is exact, so the new row's numbers are the old one's.
-    warm = dict(rows[0], cold=False)
-    rows_file.write_text(before + json.dumps(warm) + "\n")
+    # the engine is exact, so the new row's numbers are the old one's. A config that copies
+    # that row (direct asks a choice question as letters does) and holds a copy of an older
+    # letters row (timed before cold starts, as the row it copied) follows it in the same run:
+    # copied anew, no engine work.
+    choice = next(r for r in rows if r["config"] == "letters" and r["type"] == "choice")
+    warm = dict(choice, cold=False)
+    older = dict(warm, config="direct", copied_from="letters", p_expected=-1.0)
+    rows_file.write_text(before + json.dumps(warm) + "\n" + json.dumps(older) + "\n")
     assert readouts.main([*argv, "--recold"]) == 0
-    again = [json.loads(x) for x in rows_file.read_text().splitlines()[8:]]
+    again = [json.loads(x) for x in rows_file.read_text().splitlines()[9:]]
     assert [(r["config"], r["id"], r["cold"]) for r in again] == [
-        (warm["config"], warm["id"], True)
+        ("letters", choice["id"], True),
+        ("direct", choice["id"], True),
     ]
     assert again[0]["probabilities"] == warm["probabilities"]
+    assert again[1] == again[0] | {"config": "direct", "copied_from": "letters"}
+    # A run with nothing to ask copies anew too; once, then nothing.
+    lines = rows_file.read_text()
+    rows_file.write_text(lines + json.dumps(older) + "\n")
+    assert readouts.main(argv) == 0
+    [copy] = [json.loads(x) for x in rows_file.read_text().splitlines()[12:]]
+    assert copy == again[1]
+    lines = rows_file.read_text()
+    assert readouts.main([*argv, "--recold"]) == 0
+    assert rows_file.read_text() == lines
     before = rows_file.read_text()
 
     other = json.loads(before.splitlines()[0])
@@ -294,6 +310,52 @@ def test_recold_does_not_copy_a_twin_row_that_was_not_timed_cold(tmp_path: Path)
     assert readouts.copied(rows, task, "direct", "1", cold=True) is None
     row["cold"] = True
     assert readouts.copied(rows, task, "direct", "1", cold=True)["config"] == "direct"
+
+
+def test_a_twin_asked_again_is_copied_anew_through_a_copy_of_a_copy(tmp_path: Path) -> None:
+    """The configs that copy a twin's row follow it when it is asked again (--recold, a new
+    prompt version), in the same run: no stale copy is left for a later run to find."""
+    (tmp_path / "easy.jsonl").write_text(json.dumps(TASKS[1]) + "\n")
+    [task] = readouts.load_tasks(tmp_path, ["easy"], None)
+    assert readouts.twin("continuation-pmi", "choice") == "continuation-pmi+contextual"
+    assert readouts.twin("per-type", "choice") == "continuation-pmi"
+
+    def row(config: str, p: float, cold: bool = True, **more: str) -> dict:
+        now = readouts_rows.ENGINE_NUMBERS
+        return {"config": config, "id": task.id, "p_expected": p, "cold": cold} | {
+            "engine_numbers": now,
+            **more,
+        }
+
+    asked = row("continuation-pmi+contextual", 0.9)
+    rows = {
+        ("continuation-pmi+contextual", "1", task.file, task.id): asked,
+        ("continuation-pmi", "1", task.file, task.id): row(
+            "continuation-pmi", 0.2, copied_from="continuation-pmi+contextual"
+        ),
+        ("per-type", "1", task.file, task.id): row("per-type", 0.2, copied_from="continuation-pmi"),
+        ("per-type", "N", task.file, task.id): row("per-type", 0.1, copied_from="continuation-pmi"),
+    }
+    fresh = readouts.recopied(rows, [task], [("continuation-pmi+contextual", "1")])
+    assert [(r["config"], r["copied_from"], r["p_expected"]) for r in fresh] == [
+        ("continuation-pmi", "continuation-pmi+contextual", 0.9),
+        ("per-type", "continuation-pmi", 0.9),
+    ]
+    assert rows[("per-type", "1", task.file, task.id)] == fresh[1]
+    assert rows[("per-type", "N", task.file, task.id)]["p_expected"] == 0.1  # another order
+    assert readouts.recopied(rows, [task], [("continuation-pmi+contextual", "1")]) == []
+    # --recold copies only a row timed cold, as it asks.
+    rows[("continuation-pmi+contextual", "1", task.file, task.id)] = row(
+        "continuation-pmi+contextual", 0.5, cold=False
+    )
+    asked_again = [("continuation-pmi+contextual", "1")]
+    assert readouts.recopied(rows, [task], asked_again, True) == []
+    rows[asked_again[0] + (task.file, task.id)] = row("continuation-pmi+contextual", 0.7)
+    fresh = readouts.recopied(rows, [task], asked_again, True)
+    assert [(r["config"], r["p_expected"]) for r in fresh] == [
+        ("continuation-pmi", 0.7),
+        ("per-type", 0.7),
+    ]
 
 
 def test_families_choose_tasks_within_each_split(tmp_path: Path) -> None:
@@ -551,6 +613,28 @@ def test_the_server_reads_a_continuation_as_the_evidence_chose() -> None:
 
     summary = json.loads((ROOT / "bench" / "results" / "readouts-qwen2.5-1.5b.json").read_text())
     assert chosen_normalization(summary["runs"]) in (None, DEFAULT_NORMALIZATION)
+
+
+def test_the_server_reads_and_corrects_by_default_as_the_evidence_chose() -> None:
+    """settings/defaults.py's readout and its corrections by question type are what the rule
+    reads in the committed evidence: a correction by type only where letters with it meet the
+    rule for that type, and letters stay the readout while no other readout meets it."""
+    from bench.readouts_docs import verdicts
+    from semif_proxy.settings import defaults
+
+    summary = json.loads((ROOT / "bench" / "results" / "readouts-qwen2.5-1.5b.json").read_text())
+    met = {
+        tuple(line[2:].split(":")[0].split("@1, "))
+        for line in verdicts([summary])
+        if line.startswith("- ") and line.endswith(": meets the rule")
+    }
+    by_type = {(config, kind) for config, kind in met if kind != "all"}
+    assert by_type == {
+        (f"{defaults.DEFAULT_READOUT}+{correction}", kind)
+        for kind, correction in defaults.DEFAULT_BIAS_CORRECTION_BY_TYPE.items()
+    }
+    assert defaults.DEFAULT_READOUT == "letters"
+    assert all(config.startswith("letters+") for config, _ in met), met
 
 
 def test_rows_that_went_after_a_held_prefix_before_the_ubatch_cut_carry_older_numbers() -> None:

@@ -28,23 +28,23 @@ CPU_DRAIN_GRACE_S = 5.0
 # - JSON Lines lines per engine job: a job holds the engine (and the CPU) until it ends, so a
 #   large group of one state is cut into jobs that other requests can run between.
 JSON_LINES_PER_JOB = 16
-# - how a decision or a System One question is read when it does not say (issue #35): its
-#   options' letters after the prompt; a continuation's normalisation: pmi (divided by the
-#   option's probability after a content-free state), the most accurate of the three on
-#   Qwen2.5-Coder-1.5B over JevBench's 231 tasks: ahead of sum with a paired interval above
-#   zero, of mean with one reaching zero, so no normalization is chosen by the rule and pmi
-#   stays (docs/readouts.md, "Defaults from the evidence"; tests/test_bench_readouts.py holds
-#   this value to the committed evidence); no label-free bias correction. The API's `readout`,
+# - how a decision or a System One question is read when it does not say (issue #35), as the
+#   rule of docs/readouts.md ("Defaults from the evidence", which holds the numbers) reads the
+#   committed benchmark rows; tests/test_bench_readouts.py holds these values to them. The
+#   readout: letters, until another meets the rule there (beats them with an interval above
+#   zero within the rule's cost). A continuation's normalisation: pmi (divided by the option's
+#   probability after a content-free state), unless the rule chooses another (it chooses one
+#   only where it beats each other with an interval above zero). No
+#   label-free bias correction but by question type (below). The API's `readout`,
 #   `normalization` and `bias_correction`;
 DEFAULT_READOUT = "letters"
 DEFAULT_NORMALIZATION = "pmi"
 DEFAULT_BIAS_CORRECTION = "none"
-# - the server's bias correction by question type where the evidence chose one (issue #35's
-#   rule, docs/readouts.md): yes/no questions (noul) read with the answers after a content-free
-#   state divided out. On Qwen2.5-Coder-1.5B over JevBench's 74 yes/no tasks, +13.5 pt
-#   [+4.1, +23.0] paired against none, at 1.20x letters' p50 (a new question each time; the
-#   content-free answer is kept per option set, so a question asked again costs ~1.0x).
-#   Choices and scores stay uncorrected: choice +8.6 pt at 1.79x, score's interval reaches 0.
+# - the server's bias correction by question type, where the rule is met for that type:
+#   yes/no questions (noul) read with the answers after a content-free state divided out.
+#   Choices and scores stay uncorrected: the rule is not met for them. It is met over all
+#   types together too, but read per type where the evidence is per type: over all, choices'
+#   cost (past the rule's) is averaged with the cheaper yes/no questions'.
 DEFAULT_BIAS_CORRECTION_BY_TYPE = {"noul": "contextual"}
 # - content-free answers (PMI, contextual bias correction) kept per engine, by option set.
 CONTENT_FREE_CACHE_ENTRIES = 1024
