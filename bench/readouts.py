@@ -15,8 +15,9 @@ sha256, prompt versions); rows of another model or prompt are refused unless --f
 `direct` reads the model's own yes/no or level-number words and applies to noul and score
 questions only: choice questions are asked with letters under it (their rows say
 `applied: letters`; that request is the letters config's, whose row is reused where there is
-one, `copied_from`; a twin's row asked again is copied anew to the configs that copy it, in
-the same run). Permutations `N` is each task's option count (every cyclic order).
+one, `copied_from`; a twin's row asked again is copied anew to the configs that copy it as the
+run ends, killed by SIGTERM or not; after a SIGKILL, on the twin's next run).
+Permutations `N` is each task's option count (every cyclic order).
 Default server settings (`load_settings`: no SEMIF_* of the environment) but for
 SEMIF_BIAS_CORRECTION=none, so that each config is what it names; prefix cache on, as
 served. The summary (per config, split and question type: accuracy with a Wilson 95 %
@@ -37,6 +38,7 @@ from typing import Any, get_args
 
 from bench.readouts_rows import (
     ENGINE_NUMBERS,
+    appending,
     current,
     engine_cost,
     fingerprint,
@@ -169,11 +171,13 @@ def copied(
 def recopied(
     rows: dict[tuple, dict], tasks: list[Task], runs: list[tuple[str, str]], cold: bool = False
 ) -> list[dict]:
-    """The copies of the runs' rows that no longer equal them, copied anew (no engine work): a
-    config's copy of its twin's row (`copied_from`) would otherwise keep the twin's old numbers
-    after the twin is asked again (--recold, a prompt's new version) until the copying config
-    is run too. Followed through a copy of a copy; `rows` is updated; with `cold`, as `copied`.
-    """
+    """The rows of the configs that share a twin with the runs, copied anew where they no longer
+    follow the twin's row (no engine work): a copy (`copied_from`) would otherwise keep the
+    twin's old numbers after the twin is asked again (--recold, a prompt's new version), and a
+    row its config asked itself, no longer the engine's now (readouts_rows.current), would wait
+    for that config's own --recold while the twin's row is current. A twin's row asked again
+    into an error is copied as that error (its config asks it itself on its next run).
+    Followed through a copy of a copy; `rows` is updated; with `cold`, as `copied`."""
     changed, fresh = set(runs), []
     while True:
         added = set()
@@ -181,10 +185,18 @@ def recopied(
             for spec in sorted({s for _, s in changed}):
                 for task in tasks:
                     key = (name, spec, task.file, task.id)
-                    row = rows.get(key)
-                    if row is None or (row.get("copied_from"), spec) not in changed:
+                    row, other = rows.get(key), twin(name, task.kind)
+                    source = rows.get((other, spec, task.file, task.id)) if other else None
+                    if row is None or source is None or (other, spec) not in changed:
                         continue
-                    copy = copied(rows, task, name, spec, cold)
+                    if row.get("copied_from") != other and (
+                        current(row) or "error" in source or not current(source)
+                    ):
+                        continue  # its own answer, the engine's now (or the twin's is not)
+                    if "error" in source:
+                        copy = source | {"config": name, "copied_from": other}
+                    else:
+                        copy = copied(rows, task, name, spec, cold)
                     if copy is not None and copy != row:
                         rows[key] = copy
                         fresh.append(copy)
@@ -203,11 +215,9 @@ def append_copies(
     again = recopied(rows, tasks, runs, cold)
     if not again:
         return
-    with rows_file.open("a", encoding="utf-8") as f:
-        if not rows_file.read_bytes().endswith(b"\n"):
-            f.write("\n")  # after a line cut short
+    with appending(rows_file) as f:
         f.writelines(json.dumps(row) + "\n" for row in again)
-    note(f"{len(again)} copied rows copied anew: their twin's row had changed (copied_from)")
+    note(f"{len(again)} rows copied anew from their twin's row (copied_from)")
 
 
 def cold_start(engine: Any) -> None:
@@ -391,9 +401,7 @@ def run(args: argparse.Namespace, out: Path) -> int:
             )
             return 2
         answer_row(engine, chosen[0], "letters", "1")  # warm-up, not recorded
-        with rows_file.open("a", encoding="utf-8") as f:
-            if not rows_file.read_bytes().endswith(b"\n"):
-                f.write("\n")  # after a line cut short
+        with appending(rows_file) as f:
             for config, spec in runs:
                 left = todo[(config, spec)]
                 started = time.monotonic()
@@ -413,10 +421,12 @@ def run(args: argparse.Namespace, out: Path) -> int:
                 note(f"{config} permutations {spec}: {time.monotonic() - started:.0f} s")
                 if stopped:
                     break
-        append_copies(rows_file, rows, chosen, runs, args.recold)
     finally:
         signal.signal(signal.SIGTERM, previous)
         engine.close()
+        # In `finally`, so that a run killed (SIGTERM) or failed after asking rows again still
+        # copies them on; a SIGKILL's copies follow on the next run of the twin or of theirs.
+        append_copies(rows_file, rows, chosen, runs, args.recold)
         path = write_summary(rows_file, out / f"readouts-{args.tag}.json", args.tag)
         note(f"wrote {path}")
     if stopped:

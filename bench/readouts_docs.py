@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -96,23 +97,10 @@ def section(s: dict[str, Any]) -> list[str]:
 MAX_COST = 1.5
 
 
-def verdicts(all_summaries: list[dict[str, Any]]) -> list[str]:
-    """Whether any readout has earned the default, run by run and question type, from the
-    numbers above; the default (SEMIF_READOUT) stays letters until one has."""
-    out = [
-        "## Defaults from the evidence",
-        "",
-        f"A readout becomes the server's default (SEMIF_READOUT, per question type where the "
-        f"evidence is per type) once, on `{failures.REALISTIC}` over all {failures.TASKS} tasks "
-        f"in one option order, its paired difference against letters has a 95 % interval "
-        f"above zero at no more than {MAX_COST:g}x letters' p50 latency. A run by question "
-        f"type ({', '.join(f'`{c}`' for c in PER_TYPE)}) is judged through the runs it is made "
-        "of: each of its types is one of theirs.",
-        "",
-    ]
-    realistic = next((s for s in all_summaries if s["tag"] == failures.REALISTIC), None)
-    met = []
-    runs = (realistic or {}).get("runs", {})
+def judged(runs: dict[str, Any]) -> Iterator[tuple[str, str, str, dict[str, Any], list[str]]]:
+    """Each one-order run of the realistic model's summary, by question type ("all": every
+    type together), against the rule: (run, config, type, its cell, why it falls short; none
+    where it meets the rule)."""
     base = runs.get("letters@1", {}).get("by", {}).get("all", {}).get("all", {}).get("n", 0)
     for name, r in runs.items():
         if r["permutations"] != "1" or r["config"] == "letters" or r["config"] in PER_TYPE:
@@ -132,10 +120,31 @@ def verdicts(all_summaries: list[dict[str, Any]]) -> list[str]:
                 why.append("its interval reaches zero" if lo is not None else "no interval")
             if cost is None or cost > MAX_COST:
                 why.append(f"cost {cost:.2f}x" if cost is not None else "no cost measured")
-            verdict = "meets the rule" if not why else "not yet: " + "; ".join(why)
-            if not why:
-                met.append(f"{r['config']} ({kind})")
-            out.append(f"- {name}, {kind}: {_diff(c)}, cost {_cost(c)}: {verdict}")
+            yield name, r["config"], kind, c, why
+
+
+def verdicts(all_summaries: list[dict[str, Any]]) -> list[str]:
+    """Whether any readout has earned the default, run by run and question type, from the
+    numbers above; the default (SEMIF_READOUT) stays letters until one has."""
+    out = [
+        "## Defaults from the evidence",
+        "",
+        f"A readout becomes the server's default (SEMIF_READOUT, per question type where the "
+        f"evidence is per type) once, on `{failures.REALISTIC}` over all {failures.TASKS} tasks "
+        f"in one option order, its paired difference against letters has a 95 % interval "
+        f"above zero at no more than {MAX_COST:g}x letters' p50 latency. A run by question "
+        f"type ({', '.join(f'`{c}`' for c in PER_TYPE)}) is judged through the runs it is made "
+        "of: each of its types is one of theirs.",
+        "",
+    ]
+    realistic = next((s for s in all_summaries if s["tag"] == failures.REALISTIC), None)
+    runs = (realistic or {}).get("runs", {})
+    met = []
+    for name, config, kind, c, why in judged(runs):
+        verdict = "meets the rule" if not why else "not yet: " + "; ".join(why)
+        if not why:
+            met.append(f"{config} ({kind})")
+        out.append(f"- {name}, {kind}: {_diff(c)}, cost {_cost(c)}: {verdict}")
     if realistic is None:
         out.append(f"- no run of `{failures.REALISTIC}` yet")
     from semif_proxy.settings.readouts import BiasCorrections, Readouts

@@ -4,8 +4,10 @@ line the fingerprint of what was measured, then one line per (config, permutatio
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 FORMAT = 1
 # Where the engine's work for a readout changed, the rows answered before keep their numbers
@@ -111,6 +113,16 @@ def rewrite(path: Path, header: dict[str, Any], rows: dict[tuple, dict[str, Any]
     tmp = path.with_suffix(".jsonl.tmp")
     tmp.write_text("\n".join(lines) + "\n", encoding="utf-8")
     tmp.replace(path)
+
+
+@contextmanager
+def appending(path: Path) -> Iterator[IO[str]]:
+    """The rows file open to append rows to, on a line of their own: a kill can leave the last
+    line cut short (read_rows skips it)."""
+    with path.open("a", encoding="utf-8") as f:
+        if path.stat().st_size and not path.read_bytes().endswith(b"\n"):
+            f.write("\n")
+        yield f
 
 
 def read_rows(path: Path) -> tuple[dict[str, Any] | None, dict[tuple, dict[str, Any]]]:

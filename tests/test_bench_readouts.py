@@ -161,20 +161,26 @@ def test_a_readout_earns_the_default_only_over_every_paired_task(
     assert met == (verdict == "meets the rule")
 
 
-# Two model loads and six questions (two prompts each, continuation's several branches), then
-# one asked again: about a minute and a half on two free cores, more on a shared machine.
-@pytest.mark.timeout(600)
-def test_runner_writes_rows_and_summary_and_resumes(tmp_path: Path, model_path: Path) -> None:
+def mini_run(tmp_path: Path, model_path: Path, tag: str, configs: str) -> tuple[Path, list[str]]:
+    """The results folder and the argv of a run of TASKS (the easy split) in one order."""
     tasks_dir = tmp_path / "tasks"
     tasks_dir.mkdir()
     (tasks_dir / "easy.jsonl").write_text("".join(json.dumps(t) + "\n" for t in TASKS))
     out = tmp_path / "results"
     argv = [
-        *("--model", str(model_path), "--tag", "mini", "--permutations", "1"),
-        *("--configs", "letters,continuation-mean", "--splits", "easy"),
+        *("--model", str(model_path), "--tag", tag, "--permutations", "1"),
+        *("--configs", configs, "--splits", "easy"),
         *("--tasks-dir", str(tasks_dir), "--results-dir", str(out)),
         *("--repack", "off"),
     ]
+    return out, argv
+
+
+# Two model loads and six questions (two prompts each, continuation's several branches), then
+# one asked again: about a minute and a half on two free cores, more on a shared machine.
+@pytest.mark.timeout(600)
+def test_runner_writes_rows_and_summary_and_resumes(tmp_path: Path, model_path: Path) -> None:
+    out, argv = mini_run(tmp_path, model_path, "mini", "letters,continuation-mean")
     assert readouts.main(argv) == 0
     rows_file = out / "readouts-mini.jsonl"
     lines = [json.loads(x) for x in rows_file.read_text().splitlines()]
@@ -296,6 +302,40 @@ def test_runner_writes_rows_and_summary_and_resumes(tmp_path: Path, model_path: 
     assert redone[-1]["engine_timing"]["generated_tokens"] == timing["generated_tokens"]
 
 
+def test_a_run_killed_after_asking_a_twin_again_still_copies_it_on(
+    tmp_path: Path, model_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SIGTERM ends a run through SystemExit (its handler): a row asked again before it is
+    copied on to the configs that copy it, and the summary is written, as the run unwinds."""
+    out, argv = mini_run(tmp_path, model_path, "kill", "letters")
+    assert readouts.main(argv) == 0
+    rows_file = out / "readouts-kill.jsonl"
+    rows = [json.loads(x) for x in rows_file.read_text().splitlines()[1:]]
+    choice = next(r for r in rows if r["type"] == "choice")
+    warm = [dict(r, cold=False) for r in rows]  # every letters row asked again under --recold
+    older = dict(choice, cold=False, config="direct", copied_from="letters", p_expected=-1.0)
+    rows_file.write_text(rows_file.read_text() + "".join(json.dumps(r) + "\n" for r in warm))
+    rows_file.write_text(rows_file.read_text() + json.dumps(older) + "\n")
+    (out / "readouts-kill.json").unlink()
+    real = readouts.answer_row
+
+    def killed_at_the_last_task(engine: object, task: readouts.Task, *more: str) -> dict:
+        if task.id == TASKS[-1]["id"]:
+            raise SystemExit(143)  # what the SIGTERM handler raises
+        return real(engine, task, *more)
+
+    monkeypatch.setattr(readouts, "answer_row", killed_at_the_last_task)
+    with pytest.raises(SystemExit):
+        readouts.main([*argv, "--recold"])
+    _, held = readouts_rows.read_rows(rows_file)
+    asked = held[("letters", "1", "easy", choice["id"])]
+    assert asked["cold"] is True and not held[("letters", "1", "easy", TASKS[-1]["id"])]["cold"]
+    copy = held[("direct", "1", "easy", choice["id"])]
+    assert copy == asked | {"config": "direct", "copied_from": "letters"}
+    summary = json.loads((out / "readouts-kill.json").read_text())
+    assert summary["runs"]["letters@1"]["by"]["all"]["all"]["n"] == len(TASKS)
+
+
 def test_recold_does_not_copy_a_twin_row_that_was_not_timed_cold(tmp_path: Path) -> None:
     """direct asks a choice question as letters does, so its row is letters' row copied; a
     --recold run copies only a cold one, or the warm copy would come back on every run."""
@@ -314,7 +354,9 @@ def test_recold_does_not_copy_a_twin_row_that_was_not_timed_cold(tmp_path: Path)
 
 def test_a_twin_asked_again_is_copied_anew_through_a_copy_of_a_copy(tmp_path: Path) -> None:
     """The configs that copy a twin's row follow it when it is asked again (--recold, a new
-    prompt version), in the same run: no stale copy is left for a later run to find."""
+    prompt version), in the same run: no stale copy is left for a later run to find; so does a
+    row a config asked itself that is no longer the engine's now, and a copy of a twin's row
+    asked again into an error."""
     (tmp_path / "easy.jsonl").write_text(json.dumps(TASKS[1]) + "\n")
     [task] = readouts.load_tasks(tmp_path, ["easy"], None)
     assert readouts.twin("continuation-pmi", "choice") == "continuation-pmi+contextual"
@@ -356,6 +398,30 @@ def test_a_twin_asked_again_is_copied_anew_through_a_copy_of_a_copy(tmp_path: Pa
         ("continuation-pmi", 0.7),
         ("per-type", 0.7),
     ]
+
+    # per-type's own rows: in one order asked before ENGINE_NUMBERS 2 (not current), in every
+    # order current. Asked again, the twin's row replaces only the first.
+    pmi = [("continuation-pmi", "1"), ("continuation-pmi", "N")]
+    rows[("continuation-pmi", "N", task.file, task.id)] = row("continuation-pmi", 0.8)
+    stale = row("per-type", 0.2, applied="continuation") | {"engine_numbers": 1}
+    own = row("per-type", 0.1, applied="continuation")
+    assert not readouts_rows.current(stale) and readouts_rows.current(own)
+    rows[("per-type", "1", task.file, task.id)] = stale
+    rows[("per-type", "N", task.file, task.id)] = own
+    assert readouts.recopied(rows, [task], pmi, True) == [
+        rows[pmi[0] + (task.file, task.id)]
+        | {"config": "per-type", "copied_from": "continuation-pmi"}
+    ]
+    assert rows[("per-type", "1", task.file, task.id)]["p_expected"] == 0.7
+    assert rows[("per-type", "N", task.file, task.id)] == own
+    # Asked again into an error: the copy says so (its config asks it itself next run); a
+    # current row of its own keeps its answer.
+    failed = {"config": "continuation-pmi", "id": task.id, "error": "boom"}
+    rows[pmi[0] + (task.file, task.id)] = failed
+    rows[pmi[1] + (task.file, task.id)] = dict(failed)
+    fresh = readouts.recopied(rows, [task], pmi, True)
+    assert fresh == [failed | {"config": "per-type", "copied_from": "continuation-pmi"}]
+    assert rows[("per-type", "N", task.file, task.id)] == own
 
 
 def test_families_choose_tasks_within_each_split(tmp_path: Path) -> None:
@@ -616,23 +682,27 @@ def test_the_server_reads_a_continuation_as_the_evidence_chose() -> None:
 
 
 def test_the_server_reads_and_corrects_by_default_as_the_evidence_chose() -> None:
-    """settings/defaults.py's readout and its corrections by question type are what the rule
-    reads in the committed evidence: a correction by type only where letters with it meet the
-    rule for that type, and letters stay the readout while no other readout meets it."""
-    from bench.readouts_docs import verdicts
+    """settings/defaults.py's readout and corrections are what the rule reads in the committed
+    evidence: a correction by type only where letters with it meet the rule for that type; one
+    for every type only where it meets the rule for each type alone; and letters stay the
+    readout while no other readout meets it."""
+    from bench.readouts_docs import judged
     from semif_proxy.settings import defaults
 
     summary = json.loads((ROOT / "bench" / "results" / "readouts-qwen2.5-1.5b.json").read_text())
-    met = {
-        tuple(line[2:].split(":")[0].split("@1, "))
-        for line in verdicts([summary])
-        if line.startswith("- ") and line.endswith(": meets the rule")
-    }
+    met = {(config, kind) for _, config, kind, _, why in judged(summary["runs"]) if not why}
     by_type = {(config, kind) for config, kind in met if kind != "all"}
     assert by_type == {
         (f"{defaults.DEFAULT_READOUT}+{correction}", kind)
         for kind, correction in defaults.DEFAULT_BIAS_CORRECTION_BY_TYPE.items()
     }
+    kinds = set(summary["runs"]["letters@1"]["by"]["all"]) - {"all"}
+    assert kinds == {"noul", "choice", "score"}
+    everywhere = {c for c, _ in by_type if all((c, k) in met for k in kinds)}
+    if everywhere:
+        assert f"{defaults.DEFAULT_READOUT}+{defaults.DEFAULT_BIAS_CORRECTION}" in everywhere
+    else:
+        assert defaults.DEFAULT_BIAS_CORRECTION == "none"
     assert defaults.DEFAULT_READOUT == "letters"
     assert all(config.startswith("letters+") for config, _ in met), met
 

@@ -34,17 +34,16 @@ JSON_LINES_PER_JOB = 16
 #   readout: letters, until another meets the rule there (beats them with an interval above
 #   zero within the rule's cost). A continuation's normalisation: pmi (divided by the option's
 #   probability after a content-free state), unless the rule chooses another (it chooses one
-#   only where it beats each other with an interval above zero). No
-#   label-free bias correction but by question type (below). The API's `readout`,
+#   only where it beats each other with an interval above zero). No label-free bias
+#   correction for every type: one would need the rule met for each type alone (over all
+#   types together, one type's cost is averaged with a cheaper type's). The API's `readout`,
 #   `normalization` and `bias_correction`;
 DEFAULT_READOUT = "letters"
 DEFAULT_NORMALIZATION = "pmi"
 DEFAULT_BIAS_CORRECTION = "none"
-# - the server's bias correction by question type, where the rule is met for that type:
-#   yes/no questions (noul) read with the answers after a content-free state divided out.
-#   Choices and scores stay uncorrected: the rule is not met for them. It is met over all
-#   types together too, but read per type where the evidence is per type: over all, choices'
-#   cost (past the rule's) is averaged with the cheaper yes/no questions'.
+# - the server's bias correction by question type, where the rule is met for that type: yes/no
+#   questions (noul) read with the answers after a content-free state divided out; choices and
+#   scores stay uncorrected while the rule is not met for them.
 DEFAULT_BIAS_CORRECTION_BY_TYPE = {"noul": "contextual"}
 # - content-free answers (PMI, contextual bias correction) kept per engine, by option set.
 CONTENT_FREE_CACHE_ENTRIES = 1024
