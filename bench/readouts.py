@@ -175,9 +175,10 @@ def recopied(
     follow the twin's row (no engine work): a copy (`copied_from`) would otherwise keep the
     twin's old numbers after the twin is asked again (--recold, a prompt's new version), and a
     row its config asked itself, no longer the engine's now (readouts_rows.current), would wait
-    for that config's own --recold while the twin's row is current. A twin's row asked again
-    into an error is copied as that error (its config asks it itself on its next run).
-    Followed through a copy of a copy; `rows` is updated; with `cold`, as `copied`."""
+    for that config's own --recold while the twin's row is current (only a twin earlier in
+    NAMES: letters' own rows never become copies of direct's). A twin's row asked again into
+    an error is copied as that error (its config asks it itself on its next run). Followed
+    through a copy of a copy; `rows` is updated; with `cold`, as `copied`."""
     changed, fresh = set(runs), []
     while True:
         added = set()
@@ -190,7 +191,10 @@ def recopied(
                     if row is None or source is None or (other, spec) not in changed:
                         continue
                     if row.get("copied_from") != other and (
-                        current(row) or "error" in source or not current(source)
+                        current(row)
+                        or "error" in source
+                        or not current(source)
+                        or NAMES.index(other) > NAMES.index(name)
                     ):
                         continue  # its own answer, the engine's now (or the twin's is not)
                     if "error" in source:
@@ -391,6 +395,7 @@ def run(args: argparse.Namespace, out: Path) -> int:
     stopped = False
     # A kill (SIGTERM) ends the run through `finally`: the summary still gets written.
     previous = signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    ended = False
     try:
         problems = refused(engine, chosen, [r for r in runs if todo[r]])
         if problems:
@@ -414,21 +419,29 @@ def run(args: argparse.Namespace, out: Path) -> int:
                         row = copied(rows, task, config, spec, args.recold) or answer_row(
                             engine, task, config, spec
                         )
-                        rows[row_key(row)] = row
                         f.write(json.dumps(row) + "\n")
                         f.flush()
+                        rows[row_key(row)] = row  # after the file: only rows there are copied
                         shown.update(1)
                 note(f"{config} permutations {spec}: {time.monotonic() - started:.0f} s")
                 if stopped:
                     break
+        ended = True
     finally:
         signal.signal(signal.SIGTERM, previous)
-        engine.close()
-        # In `finally`, so that a run killed (SIGTERM) or failed after asking rows again still
-        # copies them on; a SIGKILL's copies follow on the next run of the twin or of theirs.
-        append_copies(rows_file, rows, chosen, runs, args.recold)
-        path = write_summary(rows_file, out / f"readouts-{args.tag}.json", args.tag)
-        note(f"wrote {path}")
+        try:
+            engine.close()
+        finally:
+            # Here, so that a run killed (SIGTERM) or failed after asking rows again still
+            # copies them on (a SIGKILL's: on the twin's next run), and writes its summary.
+            try:
+                append_copies(rows_file, rows, chosen, runs, args.recold)
+            except Exception as exc:
+                if ended:
+                    raise
+                note(f"rows asked again not copied on ({exc!r}): the twin's next run copies them")
+            path = write_summary(rows_file, out / f"readouts-{args.tag}.json", args.tag)
+            note(f"wrote {path}")
     if stopped:
         note(f"stopped after --max-minutes {args.max_minutes:g}: run it again to go on")
     return 0

@@ -98,9 +98,10 @@ MAX_COST = 1.5
 
 
 def judged(runs: dict[str, Any]) -> Iterator[tuple[str, str, str, dict[str, Any], list[str]]]:
-    """Each one-order run of the realistic model's summary, by question type ("all": every
-    type together), against the rule: (run, config, type, its cell, why it falls short; none
-    where it meets the rule)."""
+    """The realistic model's one-order runs that the rule judges (not letters, the baseline;
+    not a run by type, judged through its runs; not direct's choices, letters' own rows), by
+    question type ("all": every type together): (run, config, type, its cell, why it falls
+    short; none where it meets the rule)."""
     base = runs.get("letters@1", {}).get("by", {}).get("all", {}).get("all", {}).get("n", 0)
     for name, r in runs.items():
         if r["permutations"] != "1" or r["config"] == "letters" or r["config"] in PER_TYPE:

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
+import signal
 from pathlib import Path
 
 import numpy as np
@@ -302,6 +304,8 @@ def test_runner_writes_rows_and_summary_and_resumes(tmp_path: Path, model_path: 
     assert redone[-1]["engine_timing"]["generated_tokens"] == timing["generated_tokens"]
 
 
+# Two model loads and four questions.
+@pytest.mark.timeout(600)
 def test_a_run_killed_after_asking_a_twin_again_still_copies_it_on(
     tmp_path: Path, model_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -321,12 +325,15 @@ def test_a_run_killed_after_asking_a_twin_again_still_copies_it_on(
 
     def killed_at_the_last_task(engine: object, task: readouts.Task, *more: str) -> dict:
         if task.id == TASKS[-1]["id"]:
-            raise SystemExit(143)  # what the SIGTERM handler raises
+            os.kill(os.getpid(), signal.SIGTERM)  # the run's own handler ends it
         return real(engine, task, *more)
 
     monkeypatch.setattr(readouts, "answer_row", killed_at_the_last_task)
-    with pytest.raises(SystemExit):
+    handler = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(SystemExit) as ended:
         readouts.main([*argv, "--recold"])
+    assert ended.value.code == 143
+    assert signal.getsignal(signal.SIGTERM) is handler  # the run's handler is gone
     _, held = readouts_rows.read_rows(rows_file)
     asked = held[("letters", "1", "easy", choice["id"])]
     assert asked["cold"] is True and not held[("letters", "1", "easy", TASKS[-1]["id"])]["cold"]
@@ -414,14 +421,32 @@ def test_a_twin_asked_again_is_copied_anew_through_a_copy_of_a_copy(tmp_path: Pa
     ]
     assert rows[("per-type", "1", task.file, task.id)]["p_expected"] == 0.7
     assert rows[("per-type", "N", task.file, task.id)] == own
-    # Asked again into an error: the copy says so (its config asks it itself next run); a
-    # current row of its own keeps its answer.
-    failed = {"config": "continuation-pmi", "id": task.id, "error": "boom"}
+    # Nor where the twin's row is not the engine's now either.
+    rows[("per-type", "1", task.file, task.id)] = stale
+    rows[pmi[0] + (task.file, task.id)] = row("continuation-pmi", 0.6, cold=False)
+    assert readouts.recopied(rows, [task], pmi) == []  # not even without --recold
+    assert rows[("per-type", "1", task.file, task.id)] == stale
+    # letters' own row never becomes a copy of direct's, whose choices are letters' request.
+    letters = [("direct", "1")]
+    rows[("letters", "1", task.file, task.id)] = row("letters", 0.3, cold=False)
+    rows[("direct", "1", task.file, task.id)] = row("direct", 0.4, applied="letters")
+    assert readouts.twin("letters", "choice") == "direct"
+    assert readouts.recopied(rows, [task], letters, True) == []
+    # Asked again into an error (a row as answer_row writes it: cold, the engine's numbers):
+    # the copy says so (its config asks it itself next run); an own row keeps its answer, be it
+    # the engine's now or not.
+    failed = row("continuation-pmi", 0.0) | {"error": "500: boom"}
+    del failed["p_expected"]
     rows[pmi[0] + (task.file, task.id)] = failed
     rows[pmi[1] + (task.file, task.id)] = dict(failed)
+    rows[("per-type", "1", task.file, task.id)] = row(
+        "per-type", 0.7, copied_from="continuation-pmi"
+    )
     fresh = readouts.recopied(rows, [task], pmi, True)
     assert fresh == [failed | {"config": "per-type", "copied_from": "continuation-pmi"}]
     assert rows[("per-type", "N", task.file, task.id)] == own
+    rows[("per-type", "N", task.file, task.id)] = stale
+    assert readouts.recopied(rows, [task], pmi, True) == []
 
 
 def test_families_choose_tasks_within_each_split(tmp_path: Path) -> None:
