@@ -171,14 +171,15 @@ def copied(
 def recopied(
     rows: dict[tuple, dict], tasks: list[Task], runs: list[tuple[str, str]], cold: bool = False
 ) -> list[dict]:
-    """The rows of the configs that share a twin with the runs, copied anew where they no longer
+    """The rows of the configs whose twin is one of the runs, copied anew where they no longer
     follow the twin's row (no engine work): a copy (`copied_from`) would otherwise keep the
     twin's old numbers after the twin is asked again (--recold, a prompt's new version), and a
     row its config asked itself, no longer the engine's now (readouts_rows.current), would wait
-    for that config's own --recold while the twin's row is current (only a twin earlier in
-    NAMES: letters' own rows never become copies of direct's). A twin's row asked again into
-    an error is copied as that error (its config asks it itself on its next run). Followed
-    through a copy of a copy; `rows` is updated; with `cold`, as `copied`."""
+    for that config's own --recold while the twin's row is current. Such a row stays where it
+    is current, where the twin's row is an error or not current, and where the twin comes
+    later in NAMES (letters' own rows never become copies of direct's). A twin's row asked
+    again into an error is copied as that error (its config asks it itself on its next run).
+    Followed through a copy of a copy; `rows` is updated; with `cold`, as `copied`."""
     changed, fresh = set(runs), []
     while True:
         added = set()
@@ -196,7 +197,7 @@ def recopied(
                         or not current(source)
                         or NAMES.index(other) > NAMES.index(name)
                     ):
-                        continue  # its own answer, the engine's now (or the twin's is not)
+                        continue  # its own answer stays: see above
                     if "error" in source:
                         copy = source | {"config": name, "copied_from": other}
                     else:
@@ -395,7 +396,7 @@ def run(args: argparse.Namespace, out: Path) -> int:
     stopped = False
     # A kill (SIGTERM) ends the run through `finally`: the summary still gets written.
     previous = signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    ended = False
+    completed = False  # the loop ended without an exception (a --max-minutes stop too)
     try:
         problems = refused(engine, chosen, [r for r in runs if todo[r]])
         if problems:
@@ -419,29 +420,35 @@ def run(args: argparse.Namespace, out: Path) -> int:
                         row = copied(rows, task, config, spec, args.recold) or answer_row(
                             engine, task, config, spec
                         )
+                        rows[row_key(row)] = row
                         f.write(json.dumps(row) + "\n")
                         f.flush()
-                        rows[row_key(row)] = row  # after the file: only rows there are copied
                         shown.update(1)
                 note(f"{config} permutations {spec}: {time.monotonic() - started:.0f} s")
                 if stopped:
                     break
-        ended = True
+        completed = True
     finally:
         signal.signal(signal.SIGTERM, previous)
-        try:
-            engine.close()
-        finally:
-            # Here, so that a run killed (SIGTERM) or failed after asking rows again still
-            # copies them on (a SIGKILL's: on the twin's next run), and writes its summary.
+
+        def copy_on() -> None:  # from the file: a row is copied on only once it is there
+            append_copies(rows_file, read_rows(rows_file)[1], chosen, runs, args.recold)
+
+        def summarize() -> None:
+            note(f"wrote {write_summary(rows_file, out / f'readouts-{args.tag}.json', args.tag)}")
+
+        # Each step whatever the one before did: a run killed (SIGTERM) or failed after asking
+        # rows again still copies them on (a SIGKILL's: the twin's next run does) and writes its
+        # summary. A step's error is raised after the others unless the run's own is on its way.
+        failed = None
+        for what, step in (("closing", engine.close), ("copying", copy_on), ("summary", summarize)):
             try:
-                append_copies(rows_file, rows, chosen, runs, args.recold)
+                step()
             except Exception as exc:
-                if ended:
-                    raise
-                note(f"rows asked again not copied on ({exc!r}): the twin's next run copies them")
-            path = write_summary(rows_file, out / f"readouts-{args.tag}.json", args.tag)
-            note(f"wrote {path}")
+                note(f"{what} failed: {exc!r}")
+                failed = failed or exc
+        if failed is not None and completed:
+            raise failed
     if stopped:
         note(f"stopped after --max-minutes {args.max_minutes:g}: run it again to go on")
     return 0

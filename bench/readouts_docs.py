@@ -99,7 +99,8 @@ MAX_COST = 1.5
 
 def judged(runs: dict[str, Any]) -> Iterator[tuple[str, str, str, dict[str, Any], list[str]]]:
     """The realistic model's one-order runs that the rule judges (not letters, the baseline;
-    not a run by type, judged through its runs; not direct's choices, letters' own rows), by
+    not a run by type, judged through its runs; not direct's choices, which are the rows of
+    the letters config they are asked as), by
     question type ("all": every type together): (run, config, type, its cell, why it falls
     short; none where it meets the rule)."""
     base = runs.get("letters@1", {}).get("by", {}).get("all", {}).get("all", {}).get("n", 0)

@@ -304,7 +304,7 @@ def test_runner_writes_rows_and_summary_and_resumes(tmp_path: Path, model_path: 
     assert redone[-1]["engine_timing"]["generated_tokens"] == timing["generated_tokens"]
 
 
-# Two model loads and four questions.
+# Two model loads and five questions.
 @pytest.mark.timeout(600)
 def test_a_run_killed_after_asking_a_twin_again_still_copies_it_on(
     tmp_path: Path, model_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -325,6 +325,7 @@ def test_a_run_killed_after_asking_a_twin_again_still_copies_it_on(
 
     def killed_at_the_last_task(engine: object, task: readouts.Task, *more: str) -> dict:
         if task.id == TASKS[-1]["id"]:
+            assert signal.getsignal(signal.SIGTERM) is not handler  # else pytest itself dies
             os.kill(os.getpid(), signal.SIGTERM)  # the run's own handler ends it
         return real(engine, task, *more)
 
@@ -340,6 +341,24 @@ def test_a_run_killed_after_asking_a_twin_again_still_copies_it_on(
     copy = held[("direct", "1", "easy", choice["id"])]
     assert copy == asked | {"config": "direct", "copied_from": "letters"}
     summary = json.loads((out / "readouts-kill.json").read_text())
+    assert summary["runs"]["letters@1"]["by"]["all"]["all"]["n"] == len(TASKS)
+
+
+@pytest.mark.timeout(600)
+def test_a_step_that_fails_as_a_run_ends_does_not_stop_the_others(
+    tmp_path: Path, model_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Copying on fails (a full disk, say): the summary is still written, then the error is
+    raised; the rows asked stay in the file."""
+    out, argv = mini_run(tmp_path, model_path, "steps", "letters")
+
+    def full(*_: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(readouts, "append_copies", full)
+    with pytest.raises(OSError, match="No space"):
+        readouts.main(argv)
+    summary = json.loads((out / "readouts-steps.json").read_text())
     assert summary["runs"]["letters@1"]["by"]["all"]["all"]["n"] == len(TASKS)
 
 
