@@ -394,10 +394,11 @@ def run(args: argparse.Namespace, out: Path) -> int:
     engine = load_engine(args.model, args.repack)
     deadline = time.monotonic() + args.max_minutes * 60 if args.max_minutes else None
     stopped = False
-    # A kill (SIGTERM) ends the run through `finally`: the summary still gets written.
-    previous = signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    previous = signal.getsignal(signal.SIGTERM)
     completed = False  # the loop ended without an exception (a --max-minutes stop too)
     try:
+        # Inside `try`: a kill (SIGTERM) from here on ends the run through `finally`.
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
         problems = refused(engine, chosen, [r for r in runs if todo[r]])
         if problems:
             print(
@@ -437,9 +438,10 @@ def run(args: argparse.Namespace, out: Path) -> int:
         def summarize() -> None:
             note(f"wrote {write_summary(rows_file, out / f'readouts-{args.tag}.json', args.tag)}")
 
-        # Each step whatever the one before did: a run killed (SIGTERM) or failed after asking
-        # rows again still copies them on (a SIGKILL's: the twin's next run does) and writes its
-        # summary. A step's error is raised after the others unless the run's own is on its way.
+        # Each step whatever the one before did (an interrupt excepted): a run killed (SIGTERM)
+        # or failed after asking rows again still copies them on (a SIGKILL's: the twin's next
+        # run does) and writes its summary. A step's error is raised after the others unless
+        # the run's own is on its way.
         failed = None
         for what, step in (("closing", engine.close), ("copying", copy_on), ("summary", summarize)):
             try:

@@ -92,17 +92,17 @@ def section(s: dict[str, Any]) -> list[str]:
     return [*out, ""]
 
 
-# The rule for a default (issue #35): on the realistic model, over every task, a readout whose
-# paired difference against letters lies above zero at no more than 1.5x letters' p50.
+# The rule for a default (issue #35): on the realistic model, over every task (and for each
+# question type alone, where a default is per type), a readout or correction whose paired
+# difference against letters lies above zero at no more than 1.5x letters' p50.
 MAX_COST = 1.5
 
 
 def judged(runs: dict[str, Any]) -> Iterator[tuple[str, str, str, dict[str, Any], list[str]]]:
     """The realistic model's one-order runs that the rule judges (not letters, the baseline;
     not a run by type, judged through its runs; not direct's choices, which are the rows of
-    the letters config they are asked as), by
-    question type ("all": every type together): (run, config, type, its cell, why it falls
-    short; none where it meets the rule)."""
+    the letters config they are asked as), by question type ("all": every type together):
+    (run, config, type, its cell, why it falls short; none where it meets the rule)."""
     base = runs.get("letters@1", {}).get("by", {}).get("all", {}).get("all", {}).get("n", 0)
     for name, r in runs.items():
         if r["permutations"] != "1" or r["config"] == "letters" or r["config"] in PER_TYPE:
@@ -131,10 +131,13 @@ def verdicts(all_summaries: list[dict[str, Any]]) -> list[str]:
     out = [
         "## Defaults from the evidence",
         "",
-        f"A readout becomes the server's default (SEMIF_READOUT, per question type where the "
-        f"evidence is per type) once, on `{failures.REALISTIC}` over all {failures.TASKS} tasks "
-        f"in one option order, its paired difference against letters has a 95 % interval "
-        f"above zero at no more than {MAX_COST:g}x letters' p50 latency. A run by question "
+        f"A readout or a correction becomes the server's default (SEMIF_READOUT, "
+        f"SEMIF_BIAS_CORRECTION) once, on `{failures.REALISTIC}` over all {failures.TASKS} "
+        f"tasks in one option order, its paired difference against letters has a 95 % interval "
+        f"above zero at no more than {MAX_COST:g}x letters' p50 latency; per question type "
+        "where the evidence is per type: a type whose own line falls short keeps letters with "
+        "no correction, even where the rule is met over all types together (there, one type's "
+        "cost is averaged with a cheaper type's). A run by question "
         f"type ({', '.join(f'`{c}`' for c in PER_TYPE)}) is judged through the runs it is made "
         "of: each of its types is one of theirs.",
         "",

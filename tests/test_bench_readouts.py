@@ -331,10 +331,13 @@ def test_a_run_killed_after_asking_a_twin_again_still_copies_it_on(
 
     monkeypatch.setattr(readouts, "answer_row", killed_at_the_last_task)
     handler = signal.getsignal(signal.SIGTERM)
-    with pytest.raises(SystemExit) as ended:
-        readouts.main([*argv, "--recold"])
-    assert ended.value.code == 143
-    assert signal.getsignal(signal.SIGTERM) is handler  # the run's handler is gone
+    try:
+        with pytest.raises(SystemExit) as ended:
+            readouts.main([*argv, "--recold"])
+        assert ended.value.code == 143
+        assert signal.getsignal(signal.SIGTERM) is handler  # the run's handler is gone
+    finally:
+        signal.signal(signal.SIGTERM, handler)  # not left to the rest of the session
     _, held = readouts_rows.read_rows(rows_file)
     asked = held[("letters", "1", "easy", choice["id"])]
     assert asked["cold"] is True and not held[("letters", "1", "easy", TASKS[-1]["id"])]["cold"]
@@ -360,6 +363,23 @@ def test_a_step_that_fails_as_a_run_ends_does_not_stop_the_others(
         readouts.main(argv)
     summary = json.loads((out / "readouts-steps.json").read_text())
     assert summary["runs"]["letters@1"]["by"]["all"]["all"]["n"] == len(TASKS)
+    # Killed too: the run's own exit (143) comes out, not the copying's error, and the summary
+    # is written.
+    (out / "readouts-steps.json").unlink()
+    real, handler = readouts.answer_row, signal.getsignal(signal.SIGTERM)
+
+    def killed(engine: object, task: readouts.Task, *more: str) -> dict:
+        os.kill(os.getpid(), signal.SIGTERM)
+        return real(engine, task, *more)
+
+    monkeypatch.setattr(readouts, "answer_row", killed)
+    try:
+        with pytest.raises(SystemExit) as ended:
+            readouts.main([*argv, "--recold", "--configs", "direct"])
+        assert ended.value.code == 143
+    finally:
+        signal.signal(signal.SIGTERM, handler)
+    assert (out / "readouts-steps.json").exists()
 
 
 def test_recold_does_not_copy_a_twin_row_that_was_not_timed_cold(tmp_path: Path) -> None:
