@@ -33,6 +33,7 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, get_args
 
@@ -161,10 +162,22 @@ def copied(
     again would give the same numbers), or None where there is none yet; with `cold`, none
     whose numbers or seconds are not the engine's now either (readouts_rows.current: --recold
     asks it itself)."""
-    other = twin(config, task.kind)
-    row = rows.get((other, spec, task.file, task.id)) if other else None
+    other, row = twin_row(rows, task, config, spec)
     if row is None or "error" in row or (cold and not current(row)):
         return None
+    return as_copy(row, config, other)
+
+
+def twin_row(
+    rows: dict[tuple, dict], task: Task, config: str, spec: str
+) -> tuple[str | None, dict | None]:
+    """`config`'s twin for this task's type and the twin's row of this task (None: none)."""
+    other = twin(config, task.kind)
+    return other, rows.get((other, spec, task.file, task.id)) if other else None
+
+
+def as_copy(row: dict, config: str, other: str) -> dict:
+    """The twin `other`'s row as `config`'s."""
     return row | {"config": config, "copied_from": other}
 
 
@@ -187,8 +200,7 @@ def recopied(
             for spec in sorted({s for _, s in changed}):
                 for task in tasks:
                     key = (name, spec, task.file, task.id)
-                    row, other = rows.get(key), twin(name, task.kind)
-                    source = rows.get((other, spec, task.file, task.id)) if other else None
+                    row, (other, source) = rows.get(key), twin_row(rows, task, name, spec)
                     if row is None or source is None or (other, spec) not in changed:
                         continue
                     if row.get("copied_from") != other and (
@@ -198,11 +210,10 @@ def recopied(
                         or NAMES.index(other) > NAMES.index(name)
                     ):
                         continue  # its own answer stays: see above
-                    if "error" in source:
-                        copy = source | {"config": name, "copied_from": other}
-                    else:
-                        copy = copied(rows, task, name, spec, cold)
-                    if copy is not None and copy != row:
+                    if cold and "error" not in source and not current(source):
+                        continue  # as `copied`; an error is copied on whatever its numbers
+                    copy = as_copy(source, name, other)
+                    if copy != row:
                         rows[key] = copy
                         fresh.append(copy)
                         added.add((name, spec))
@@ -346,7 +357,6 @@ def another_run(rows_file: Path, header: dict, wanted: dict) -> int:
 
 
 def run(args: argparse.Namespace, out: Path) -> int:
-    from bench.readouts_summary import write_summary
     from semif_proxy.model.files import model_sha256
     from semif_proxy.progress import bar, note
 
@@ -387,8 +397,7 @@ def run(args: argparse.Namespace, out: Path) -> int:
     }
     if not any(todo.values()):
         note(f"nothing to ask: every row is in {rows_file}")
-        append_copies(rows_file, rows, chosen, runs, args.recold)
-        write_summary(rows_file, out / f"readouts-{args.tag}.json", args.tag)
+        ending(rows_file, out, args, chosen, runs, completed=True)
         return 0
     note(f"loading {args.model.name} (load average {os.getloadavg()[0]:.1f})")
     engine = load_engine(args.model, args.repack)
@@ -431,29 +440,47 @@ def run(args: argparse.Namespace, out: Path) -> int:
         completed = True
     finally:
         signal.signal(signal.SIGTERM, previous)
-
-        def copy_on() -> None:  # from the file: a row is copied on only once it is there
-            append_copies(rows_file, read_rows(rows_file)[1], chosen, runs, args.recold)
-
-        def summarize() -> None:
-            note(f"wrote {write_summary(rows_file, out / f'readouts-{args.tag}.json', args.tag)}")
-
-        # Each step whatever the one before did (an interrupt excepted): a run killed (SIGTERM)
-        # or failed after asking rows again still copies them on (a SIGKILL's: the twin's next
-        # run does) and writes its summary. A step's error is raised after the others unless
-        # the run's own is on its way.
-        failed = None
-        for what, step in (("closing", engine.close), ("copying", copy_on), ("summary", summarize)):
-            try:
-                step()
-            except Exception as exc:
-                note(f"{what} failed: {exc!r}")
-                failed = failed or exc
-        if failed is not None and completed:
-            raise failed
+        ending(rows_file, out, args, chosen, runs, completed, engine.close)
     if stopped:
         note(f"stopped after --max-minutes {args.max_minutes:g}: run it again to go on")
     return 0
+
+
+def ending(
+    rows_file: Path,
+    out: Path,
+    args: argparse.Namespace,
+    chosen: list[Task],
+    runs: list[tuple[str, str]],
+    completed: bool,
+    close: Callable[[], None] | None = None,
+) -> None:
+    """A run's last steps: closing the engine (where one was loaded), copying rows on to the
+    configs whose twin was asked, and the summary. Each step runs whatever the one before did
+    (an interrupt excepted): a run killed (SIGTERM) or failed after asking rows again still
+    copies them on (a SIGKILL's: the twin's next run does) and writes its summary. A step's
+    error is raised after the others only where the run `completed` (not over the run's own
+    error, SIGTERM's exit or a refusal's exit 2)."""
+    from bench.readouts_summary import write_summary
+    from semif_proxy.progress import note
+
+    def copy_on() -> None:  # from the file: a row is copied on only once it is there
+        append_copies(rows_file, read_rows(rows_file)[1], chosen, runs, args.recold)
+
+    def summarize() -> None:
+        note(f"wrote {write_summary(rows_file, out / f'readouts-{args.tag}.json', args.tag)}")
+
+    steps = [("closing", close)] if close is not None else []
+    failed = None
+    for what, step in [*steps, ("copying", copy_on), ("summary", summarize)]:
+        try:
+            step()
+        except Exception as exc:
+            note(f"{what} failed: {exc!r}")
+            if failed is None:
+                failed = exc
+    if failed is not None and completed:
+        raise failed
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -513,6 +540,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if unknown or not args.configs:
         parser.error(f"--configs: unknown {unknown}; known: {', '.join(NAMES)}")
     args.permutations = [p.strip().upper() for p in args.permutations.split(",") if p.strip()]
+    if not args.permutations:
+        parser.error("--permutations: none given")
     for p in args.permutations:
         if p != "N" and not (p.isdigit() and 1 <= int(p) <= 255):
             parser.error(f"--permutations: {p!r} is neither 1..255 nor N")

@@ -4,6 +4,7 @@ line the fingerprint of what was measured, then one line per (config, permutatio
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -119,8 +120,13 @@ def rewrite(path: Path, header: dict[str, Any], rows: dict[tuple, dict[str, Any]
 def appending(path: Path) -> Iterator[IO[str]]:
     """The rows file open to append rows to, on a line of their own: a kill can leave the last
     line cut short (read_rows skips it)."""
+    cut = False
+    if path.exists() and path.stat().st_size:
+        with path.open("rb") as last:  # its last byte only: the file grows to megabytes
+            last.seek(-1, os.SEEK_END)
+            cut = last.read(1) != b"\n"
     with path.open("a", encoding="utf-8") as f:
-        if path.stat().st_size and not path.read_bytes().endswith(b"\n"):
+        if cut:
             f.write("\n")
         yield f
 

@@ -363,6 +363,11 @@ def test_a_step_that_fails_as_a_run_ends_does_not_stop_the_others(
         readouts.main(argv)
     summary = json.loads((out / "readouts-steps.json").read_text())
     assert summary["runs"]["letters@1"]["by"]["all"]["all"]["n"] == len(TASKS)
+    # Again with nothing left to ask (no engine loaded): the same ending.
+    (out / "readouts-steps.json").unlink()
+    with pytest.raises(OSError, match="No space"):
+        readouts.main(argv)
+    assert (out / "readouts-steps.json").exists()
     # Killed too: the run's own exit (143) comes out, not the copying's error, and the summary
     # is written.
     (out / "readouts-steps.json").unlink()
@@ -380,6 +385,32 @@ def test_a_step_that_fails_as_a_run_ends_does_not_stop_the_others(
     finally:
         signal.signal(signal.SIGTERM, handler)
     assert (out / "readouts-steps.json").exists()
+
+
+def test_rows_appended_after_a_line_a_kill_cut_short_start_on_a_line_of_their_own(
+    tmp_path: Path,
+) -> None:
+    """A kill mid-write leaves the last line without its newline: the next run's rows start on
+    a new line, so the cut line alone is lost (asked again), not the first row after it."""
+    rows_file = tmp_path / "rows.jsonl"
+    row = {"config": "letters", "permutations": "1", "split": "easy", "id": "a"}
+    with readouts_rows.appending(rows_file) as f:  # no file yet
+        f.write(json.dumps({"fingerprint": {"model": "m"}}) + "\n")
+        f.write(json.dumps(row) + "\n")
+    whole = rows_file.read_text()
+    rows_file.write_text(whole + json.dumps(row | {"id": "b"})[:20])  # cut short
+    for name in ("c", "d"):  # the second after a whole line: no blank line in between
+        with readouts_rows.appending(rows_file) as f:
+            f.write(json.dumps(row | {"id": name}) + "\n")
+    header, rows = readouts_rows.read_rows(rows_file)
+    assert header == {"model": "m"}
+    assert sorted(k[-1] for k in rows) == ["a", "c", "d"]
+    assert "\n\n" not in rows_file.read_text()
+    for before, after in ((b"", "{"), (b"x", "x\n{"), (b"\n", "\n{")):  # the smallest files
+        rows_file.write_bytes(before)
+        with readouts_rows.appending(rows_file) as f:
+            f.write(json.dumps(row) + "\n")
+        assert rows_file.read_text().startswith(after)
 
 
 def test_recold_does_not_copy_a_twin_row_that_was_not_timed_cold(tmp_path: Path) -> None:
@@ -502,6 +533,7 @@ def test_usage_errors_exit_2(tmp_path: Path) -> None:
     for argv in (
         ["--configs", "nope"],
         ["--permutations", "0"],
+        ["--permutations", " , "],
         ["--tasks-dir", str(tmp_path / "x")],
         ["--families", " , "],
         ["--repack", "maybe"],
