@@ -5,7 +5,8 @@ per split and per task family, with what the rows that still fail have in common
 The run shown is the most accurate one that answered every task (ties: the cheaper one), set
 beside `letters@1`. Its failing rows are compared with its right ones on what the rows hold:
 the prompt's length, the option count, the probability given to the prediction, and whether
-the expected label came second. Pure: reads rows, writes lines.
+the expected label came second. The issue's other goal, yes/no questions as accurate as
+choices, is shown for the run shown and letters@1. Pure: reads rows, writes lines.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Any
 
 from bench.readouts import PER_TYPE
 from bench.readouts_rows import read_rows
-from bench.readouts_stats import paired_bootstrap, percentile
+from bench.readouts_stats import paired_bootstrap, percentile, wilson
 from bench.readouts_summary import cell
 
 REALISTIC = "qwen2.5-1.5b"
@@ -206,6 +207,48 @@ def _share(k: int, n: int) -> str:
     return f"{k}/{n} ({100 * k / n:.0f} %)" if n else "-"
 
 
+def _rate(rows: list[dict[str, Any]]) -> tuple[int, int, str]:
+    """Right answers among these rows: (k, n, "k/n = x % [Wilson 95 %]"), written as
+    readouts_docs._acc writes a run's accuracy (which imports this module, so not shared)."""
+    k, n = sum(bool(r["correct"]) for r in rows), len(rows)
+    if not n:
+        return 0, 0, "-"
+    lo, hi = wilson(k, n)
+    return k, n, f"{k}/{n} = {100 * k / n:.1f} % [{100 * lo:.0f}, {100 * hi:.0f}]"
+
+
+def yes_no_goal(runs: Runs, names: list[str]) -> list[str]:
+    """Issue #35's other goal: on the same model, yes/no questions answered right at least as
+    often as choices (the issue found the 1.5B leaning to "yes" on a set of its own, so that a
+    "no" was seldom right). Per run named, over all splits and per split: yes/no against
+    choices (different tasks, so each with its own interval, not paired), and the yes/no
+    questions by the answer expected, where such a leaning shows. Equal rates meet the goal."""
+    out = [
+        "Issue #35's other goal: yes/no questions answered right at least as often as choices "
+        "on the same model, judged per split on the rates (Wilson 95 % intervals beside them; "
+        "different tasks, so not paired; the hard split was asked of no choice made here), and "
+        "the yes/no questions by the answer expected:",
+        "",
+        "| run | split | yes/no | choices | goal | expected yes | expected no |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for name in names:
+        got = list(runs.get(name, {}).values())
+        for split in ("all", *SPLITS):
+            mine = [r for r in got if split == "all" or r["split"] == split]
+            noul = [r for r in mine if r["type"] == "noul"]
+            k_yn, n_yn, yes_no = _rate(noul)
+            k_ch, n_ch, choices = _rate([r for r in mine if r["type"] == "choice"])
+            if not n_yn and not n_ch:
+                continue
+            goal = "-"
+            if n_yn and n_ch:  # the rates compared without division: k_yn/n_yn >= k_ch/n_ch
+                goal = "reached" if k_yn * n_ch >= k_ch * n_yn else "not reached"
+            by = [_rate([r for r in noul if r["expected"] == e])[2] for e in ("yes", "no")]
+            out.append(f"| `{name}` | {split} | {yes_no} | {choices} | {goal} | {' | '.join(by)} |")
+    return [*out, ""] if len(out) > 4 else []
+
+
 def section(results: Path) -> list[str]:
     _, keyed = read_rows(results / f"readouts-{REALISTIC}.jsonl")
     runs = _runs(list(keyed.values()))
@@ -268,4 +311,4 @@ def section(results: Path) -> list[str]:
         HARD,
         "",
     ]
-    return out
+    return out + yes_no_goal(runs, list(dict.fromkeys(["letters@1", name])))

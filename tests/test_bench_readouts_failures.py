@@ -91,4 +91,75 @@ def test_the_section_says_plainly_whether_the_goal_is_reached(tmp_path: Path, mo
     assert "| easy | intent | choice | 2 | 0.7 | 1 | 2 | 1/1 |" in page
     assert "| hard | multi_hop | choice | 2 | 0.7 | 0 | 1 | - |" in page
     assert "- hard: 1/2 right, 0.7 by chance" in page
+    # Choices only: the yes/no goal has nothing to compare, so it is not judged.
+    assert "| `letters@1` | all | - | 1/4 = 25.0 % [" in page
+    assert "| 1/4 = 25.0 % [5, 70] | - | - | - |" in page and "reached |" not in page
     assert failures.section(tmp_path / "nothing") == []
+
+
+def test_the_yes_no_goal_compares_yes_no_with_choices_per_split() -> None:
+    def row(i: int, split: str, kind: str, correct: bool, expected: str = "a") -> dict:
+        return _row("letters", i, correct, split=split, type=kind, expected=expected)
+
+    # easy: yes/no 1 of 2 (the "no" one wrong), choices 2 of 2: not reached there. hard: yes/no
+    # 2 of 2, choices 1 of 2, and a score row that counts as neither. All: 3/4 against 3/4,
+    # equal: reached. By the answer expected: "yes" 2 of 2, "no" 1 of 2.
+    rows = [
+        row(0, "easy", "noul", True, "yes"),
+        row(1, "easy", "noul", False, "no"),
+        row(2, "easy", "choice", True),
+        row(3, "easy", "choice", True),
+        row(4, "hard", "noul", True, "no"),
+        row(5, "hard", "noul", True, "yes"),
+        row(6, "hard", "choice", False),
+        row(7, "hard", "choice", True),
+        row(8, "hard", "score", False),
+    ]
+    # Rates, not counts: y@1's 1/1 yes/no beats its 2/3 choices (more choices right), and
+    # its hard split's 1/2 ties 2/4.
+    other = [
+        row(0, "easy", "noul", True, "yes"),
+        *(row(i, "easy", "choice", i < 3) for i in (1, 2, 3)),
+        row(4, "hard", "noul", True, "no"),
+        row(5, "hard", "noul", False, "yes"),
+        *(row(i, "hard", "choice", i < 8) for i in (6, 7, 8, 9)),
+    ]
+    runs = {
+        "letters@1": {(r["split"], r["id"]): r for r in rows},
+        "x@1": {("easy", "t2"): row(2, "easy", "choice", False)},
+        "y@1": {(r["split"], r["id"]): r for r in other},
+    }
+    lines = failures.yes_no_goal(runs, ["letters@1", "x@1", "absent@1", "y@1"])
+    assert all(x.count("|") == 8 for x in lines[2:-1])  # seven columns each
+    table = {tuple(c.strip() for c in x.split("|")[1:3]): x for x in lines[4:-1]}
+
+    def line(name: str, split: str) -> str:
+        return table[(f"`{name}`", split)]
+
+    assert set(table) == {
+        ("`letters@1`", "all"),
+        ("`letters@1`", "easy"),
+        ("`letters@1`", "hard"),
+        ("`x@1`", "all"),
+        ("`x@1`", "easy"),
+        ("`y@1`", "all"),
+        ("`y@1`", "easy"),
+        ("`y@1`", "hard"),
+    }  # no original rows, no rows at all for absent@1: no line
+    # Wilson 95 % of 3/4 is [0.30, 0.95], of 1/2 [0.09, 0.91], of 2/2 [0.34, 1.00].
+    assert line("letters@1", "all").endswith(
+        "| 3/4 = 75.0 % [30, 95] | 3/4 = 75.0 % [30, 95] | reached "
+        "| 2/2 = 100.0 % [34, 100] | 1/2 = 50.0 % [9, 91] |"
+    )
+    assert "| 1/2 = 50.0 % [9, 91] | 2/2 = 100.0 % [34, 100] | not reached |" in line(
+        "letters@1", "easy"
+    )
+    assert "| 2/2 = 100.0 % [34, 100] | 1/2 = 50.0 % [9, 91] | reached |" in line(
+        "letters@1", "hard"
+    )
+    assert line("x@1", "easy").endswith("| - | 0/1 = 0.0 % [0, 79] | - | - | - |")
+    assert "| 1/1 = 100.0 % [21, 100] | 2/3 = 66.7 % [21, 94] | reached |" in line("y@1", "easy")
+    assert "| 1/2 = 50.0 % [9, 91] | 2/4 = 50.0 % [15, 85] | reached |" in line("y@1", "hard")
+    # All: 2/3 yes/no against 4/7 choices (67 % against 57 %).
+    assert "| 2/3 = 66.7 % [21, 94] | 4/7 = 57.1 % [25, 84] | reached |" in line("y@1", "all")
+    assert failures.yes_no_goal(runs, ["absent@1"]) == []
