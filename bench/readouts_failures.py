@@ -226,8 +226,8 @@ def yes_no_goal(runs: Runs, names: list[str]) -> list[str]:
     out = [
         "Issue #35's other goal: yes/no questions answered right at least as often as choices "
         "on the same model, judged per split on the rates (Wilson 95 % intervals beside them; "
-        "different tasks, so not paired; the hard split was asked of no choice made here), and "
-        "the yes/no questions by the answer expected:",
+        "different tasks, so not paired), and the yes/no questions by the answer expected, "
+        "where a leaning to yes shows:",
         "",
         "| run | split | yes/no | choices | goal | expected yes | expected no |",
         "|---|---|---|---|---|---|---|",
